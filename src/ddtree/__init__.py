@@ -1,0 +1,12 @@
+"""DDTree speculative decoding: exact draft trees and lossless verification.
+
+Public API (stable): build_tree, verify_tree, DraftTree, Verdict. Importing this package has no
+side effects beyond importing torch; the SGLang plugin lives in ddtree.sglang and imports SGLang
+only when SGLang's plugin loader calls it.
+"""
+
+from ddtree.tree import DraftTree, build_tree
+from ddtree.verify import Verdict, verify_tree
+
+__all__ = ["DraftTree", "Verdict", "build_tree", "verify_tree"]
+__version__ = "0.1.0"
