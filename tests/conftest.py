@@ -1,7 +1,16 @@
-"""Shared pytest configuration: skip GPU tests where CUDA is absent."""
+"""Shared pytest configuration.
+
+Without CUDA, GPU tests are skipped and Triton kernels run in Triton's CPU interpreter (the
+variable must be set before Triton is first imported, hence here).
+"""
+
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

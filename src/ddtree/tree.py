@@ -25,6 +25,7 @@ tensor values; all shapes depend only on (bs, L, V, budget, topk_cap).
 from __future__ import annotations
 
 from dataclasses import dataclass
+import os
 from functools import lru_cache
 
 import torch
@@ -167,14 +168,18 @@ def draft_candidates_torch(draft_logits: torch.Tensor, k: int) -> Candidates:
     return Candidates(logp=logp, tokens=tokens)
 
 
-def draft_candidates(draft_logits: torch.Tensor, k: int) -> Candidates:
-    """Fused single pass on CUDA when Triton is available, plain torch otherwise."""
-    if draft_logits.is_cuda:
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """'triton' on CUDA when Triton imports, else 'torch'; DDTREE_BACKEND or `backend` overrides."""
+    choice = backend or os.environ.get("DDTREE_BACKEND") or "auto"
+    if choice not in ("auto", "torch", "triton"):
+        raise _checks.fail("backend", choice, "expected 'auto', 'torch' or 'triton' (also DDTREE_BACKEND)")
+    if choice == "auto":
+        if device.type != "cuda":
+            return "torch"
         from ddtree import _triton  # only imported on the GPU path
 
-        if _triton.available():
-            return _triton.draft_candidates(draft_logits, k)
-    return draft_candidates_torch(draft_logits, k)
+        return "triton" if _triton.available() else "torch"
+    return choice
 
 
 def expand_levels(cand: Candidates, budget: int) -> Levels:
@@ -298,16 +303,22 @@ def _check_build_args(draft_logits: torch.Tensor, root_tokens: torch.Tensor,
 
 
 def build_tree(draft_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget: int,
-               topk_cap: int) -> DraftTree:
+               topk_cap: int, backend: str | None = None) -> DraftTree:
     """Build the DDTree of the `budget` best draft paths for each request.
 
     draft_logits float [bs, L, V]: row j = draft logits for depth j+1 (softmax at temperature 1).
     root_tokens int64 [bs]: the last verified token of each request.
     Returns a DraftTree of width budget + 1. budget = L with topk_cap = 1 is the DFlash chain.
+    backend: None/'auto' (Triton kernels on CUDA, torch elsewhere), 'torch' or 'triton'; both
+    give identical trees.
     """
     _check_build_args(draft_logits, root_tokens, budget, topk_cap)
     k = min(topk_cap, budget, draft_logits.shape[-1])  # more than `budget` children never fit
-    cand = draft_candidates(draft_logits, k)
+    if resolve_backend(backend, draft_logits.device) == "triton":
+        from ddtree import _triton
+
+        return _triton.build_tree(_triton.draft_candidates(draft_logits, k), root_tokens, budget)
+    cand = draft_candidates_torch(draft_logits, k)
     levels = expand_levels(cand, budget)
     sel = select_nodes(levels, budget)
     return assemble_tree(levels, sel, root_tokens)

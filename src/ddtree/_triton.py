@@ -1,0 +1,227 @@
+"""Triton kernels for build_tree on the GPU: three launches, no host synchronisation.
+
+  _chunk_kernel  grid (bs*L, C): one read of a CHUNK-wide slice of a draft row -> its max, sum
+                 of exponentials and its top-KB order keys (bitonic top-k on int64 keys)
+  _merge_kernel  grid (bs*L,):   log-normaliser of the row and its top-K candidates
+  _tree_kernel   grid (bs,):     level-by-level expansion, global selection, node order,
+                 parents and the ancestor mask of one request
+
+Keys are the same int64 order keys as ddtree.tree.order_key: (orderable float bits << 32) |
+(2^32 - 1 - index), so one descending top-k selects by score and breaks ties by smaller index,
+exactly like the torch path. The module imports Triton; ddtree.tree imports it only for CUDA
+inputs (and tests run it under TRITON_INTERPRET=1 on the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Triton is optional: CPU-only installs use the torch path
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+    tl = None
+
+from ddtree.tree import Candidates, DraftTree, level_pairs
+
+def available() -> bool:
+    return triton is not None
+
+
+def _next_pow2(n: int) -> int:
+    """Smallest power of two >= n, at least 2 (tl.topk needs a vector on both sides)."""
+    return max(2, 1 << max(0, (n - 1).bit_length()))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _order_key(x, index):
+        """float32 x, int64 index -> int64 key (score desc, index asc)."""
+        x = tl.where(x == 0.0, 0.0, x)  # fold -0.0 into 0.0
+        bits = x.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+        low = tl.full(index.shape, 0xFFFFFFFF, tl.int64) - index
+        return (ordered << 32) | low
+
+    @triton.jit
+    def _key_score(key):
+        hi = (key >> 32).to(tl.int32)
+        bits = tl.where(hi < 0, hi ^ 0x7FFFFFFF, hi)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _key_index(key):
+        mask32 = tl.full(key.shape, 0xFFFFFFFF, tl.int64)
+        return mask32 - (key & mask32)
+
+    @triton.jit
+    def _chunk_kernel(logits_ptr, stride_b, stride_l, n_depth, vocab, n_chunks,
+                      pmax_ptr, psum_ptr, pkey_ptr, CHUNK: tl.constexpr, KB: tl.constexpr):
+        row = tl.program_id(0)                    # b * L + d
+        c = tl.program_id(1)
+        b = row // n_depth
+        d = row % n_depth
+        offs = c * CHUNK + tl.arange(0, CHUNK)    # [CHUNK] token ids
+        inb = offs < vocab
+        x = tl.load(logits_ptr + b * stride_b + d * stride_l + offs, mask=inb,
+                    other=float("-inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        e = tl.where(x > float("-inf"), tl.exp(x - m), 0.0)
+        key = tl.where(inb, _order_key(x, offs.to(tl.int64)), -9223372036854775807)
+        top = tl.topk(key, KB)                    # [KB] best first
+        slot = row * n_chunks + c
+        tl.store(pmax_ptr + slot, m)
+        tl.store(psum_ptr + slot, tl.sum(e, axis=0))
+        tl.store(pkey_ptr + slot * KB + tl.arange(0, KB), top)
+
+    @triton.jit
+    def _merge_kernel(pmax_ptr, psum_ptr, pkey_ptr, logp_ptr, tok_ptr, n_chunks, k,
+                      CB: tl.constexpr, NB: tl.constexpr, KB: tl.constexpr):
+        row = tl.program_id(0)
+        c = tl.arange(0, CB)
+        pm = tl.load(pmax_ptr + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
+        ps = tl.load(psum_ptr + row * n_chunks + c, mask=c < n_chunks, other=0.0)
+        big = tl.max(pm, axis=0)
+        total = tl.sum(tl.where(pm > float("-inf"), ps * tl.exp(pm - big), 0.0), axis=0)
+        log_z = tl.where(big > float("-inf"), big + tl.log(total), float("-inf"))
+        j = tl.arange(0, NB)
+        keys = tl.load(pkey_ptr + row * n_chunks * KB + j, mask=j < n_chunks * KB, other=-9223372036854775807)
+        top = tl.topk(keys, KB)
+        val = _key_score(top)
+        kk = tl.arange(0, KB)
+        logp = tl.where(val > float("-inf"), val - log_z, float("-inf"))
+        tl.store(logp_ptr + row * k + kk, logp, mask=kk < k)
+        tl.store(tok_ptr + row * k + kk, _key_index(top), mask=kk < k)
+
+    @triton.jit
+    def _tree_kernel(cand_logp_ptr, cand_tok_ptr, root_ptr, pair_i_ptr, pair_j_ptr, n_pairs,
+                     lv_score_ptr, lv_par_ptr, lv_tok_ptr, pos_ptr,
+                     tokens_ptr, parents_ptr, depths_ptr, scores_ptr, num_ptr, mask_ptr,
+                     n_depth: tl.constexpr, k: tl.constexpr, budget: tl.constexpr,
+                     PB: tl.constexpr, WB: tl.constexpr, EB: tl.constexpr, NB: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        width = budget + 1
+        lw = n_depth * budget
+        lv = b * lw                               # this request's level scratch
+        # static (parent slot, child rank) pairs that can reach the top `budget`
+        p = tl.arange(0, PB)
+        pv = p < n_pairs
+        pi = tl.load(pair_i_ptr + p, mask=pv, other=0)
+        pj = tl.load(pair_j_ptr + p, mask=pv, other=0)
+        pair_flat = tl.where(pv, pi * k + pj, 1073741824 + p.to(tl.int64))
+        slot = tl.arange(0, WB)
+        in_w = slot < budget
+        for d in range(n_depth):
+            prev = tl.load(lv_score_ptr + lv + (d - 1) * budget + pi, mask=pv & (d > 0),
+                           other=float("-inf"))
+            prev = tl.where(d == 0, tl.where(pi == 0, 0.0, float("-inf")), prev)
+            lp = tl.load(cand_logp_ptr + (b * n_depth + d) * k + pj, mask=pv, other=float("-inf"))
+            score = tl.where(pv, prev + lp, float("-inf"))
+            top = tl.topk(_order_key(score, pair_flat), WB)   # [WB] best pairs first
+            s = _key_score(top)
+            f = _key_index(top)
+            ok = in_w & (s > float("-inf"))
+            tok = tl.load(cand_tok_ptr + (b * n_depth + d) * k + f % k, mask=ok, other=0)
+            tl.store(lv_score_ptr + lv + d * budget + slot, tl.where(ok, s, float("-inf")), mask=in_w)
+            tl.store(lv_par_ptr + lv + d * budget + slot, f // k, mask=in_w)
+            tl.store(lv_tok_ptr + lv + d * budget + slot, tok, mask=in_w)
+            tl.debug_barrier()
+        # global best `budget` over all depths: ties prefer the smaller depth, then slot
+        e = tl.arange(0, EB)
+        es = tl.load(lv_score_ptr + lv + e, mask=e < lw, other=float("-inf"))
+        ekey = tl.where(e < lw, _order_key(es, e.to(tl.int64)), -9223372036854775807)
+        top = tl.topk(ekey, WB)
+        r = tl.arange(0, WB)
+        s = _key_score(top)
+        f = _key_index(top)
+        ok = (r < budget) & (s > float("-inf"))
+        tl.store(pos_ptr + lv + f, r + 1, mask=ok)
+        tl.debug_barrier()
+        depth = f // budget
+        pslot = tl.load(lv_par_ptr + lv + f, mask=ok, other=0)
+        tok = tl.load(lv_tok_ptr + lv + f, mask=ok, other=0)
+        pnode = tl.load(pos_ptr + lv + (depth - 1) * budget + pslot, mask=ok & (depth > 0), other=0)
+        root = tl.load(root_ptr + b)
+        out = b * width
+        node = r + 1
+        tl.store(tokens_ptr + out + node, tl.where(ok, tok, root), mask=r < budget)
+        tl.store(parents_ptr + out + node, tl.where(ok, pnode, -1), mask=r < budget)
+        tl.store(depths_ptr + out + node, tl.where(ok, depth + 1, -1), mask=r < budget)
+        tl.store(scores_ptr + out + node, tl.where(ok, s, float("-inf")), mask=r < budget)
+        tl.store(tokens_ptr + out, root)
+        tl.store(parents_ptr + out, -1)
+        tl.store(depths_ptr + out, 0)
+        tl.store(scores_ptr + out, 0.0)
+        tl.store(num_ptr + b, 1 + tl.sum(ok.to(tl.int64), axis=0))
+        tl.debug_barrier()
+        # ancestor mask: walk every node's parent chain, L + 1 steps (itself first)
+        i = tl.arange(0, NB).to(tl.int64)
+        cur = tl.where(i < width, i, -1)
+        mrow = mask_ptr + b * width * width + i * width
+        for _ in range(n_depth + 1):
+            live = cur >= 0
+            tl.store(mrow + cur, tl.full(cur.shape, 1, tl.int8), mask=live)
+            nxt = tl.load(parents_ptr + out + cur, mask=live, other=-1)
+            cur = tl.where(live, nxt, -1)
+
+
+def _chunk_size(kb: int) -> int:
+    return max(4096, 32 * kb)
+
+
+def draft_candidates(draft_logits: torch.Tensor, k: int) -> Candidates:
+    """Fused candidates: [bs, L, V] logits -> top-k log-probs and tokens per depth."""
+    bs, n_depth, vocab = draft_logits.shape
+    if draft_logits.stride(-1) != 1:
+        draft_logits = draft_logits.contiguous()
+    kb = _next_pow2(k)
+    chunk = min(_chunk_size(kb), _next_pow2(vocab))
+    chunk = max(chunk, kb)
+    n_chunks = triton.cdiv(vocab, chunk)
+    rows = bs * n_depth
+    dev = draft_logits.device
+    pmax = torch.empty(rows * n_chunks, dtype=torch.float32, device=dev)
+    psum = torch.empty(rows * n_chunks, dtype=torch.float32, device=dev)
+    pkey = torch.empty(rows * n_chunks * kb, dtype=torch.int64, device=dev)
+    warps = 4 if chunk <= 4096 else (8 if chunk <= 8192 else 16)
+    _chunk_kernel[(rows, n_chunks)](draft_logits, draft_logits.stride(0), draft_logits.stride(1),
+                                    n_depth, vocab, n_chunks, pmax, psum, pkey,
+                                    CHUNK=chunk, KB=kb, num_warps=warps)
+    logp = torch.empty((bs, n_depth, k), dtype=torch.float32, device=dev)
+    tokens = torch.empty((bs, n_depth, k), dtype=torch.int64, device=dev)
+    nb = max(_next_pow2(n_chunks * kb), kb)
+    _merge_kernel[(rows,)](pmax, psum, pkey, logp, tokens, n_chunks, k,
+                           CB=_next_pow2(n_chunks), NB=nb, KB=kb, num_warps=4 if nb <= 4096 else 8)
+    return Candidates(logp=logp, tokens=tokens)
+
+
+def build_tree(cand: Candidates, root_tokens: torch.Tensor, budget: int) -> DraftTree:
+    """Level expansion, selection and assembly of all requests in one launch."""
+    bs, n_depth, k = cand.logp.shape
+    dev = cand.logp.device
+    width = budget + 1
+    pair_i, pair_j = level_pairs(budget, k, budget, dev)           # [P] each
+    n_pairs = pair_i.shape[0]
+    lv_score = torch.empty(bs * n_depth * budget, dtype=torch.float32, device=dev)
+    lv_par = torch.empty(bs * n_depth * budget, dtype=torch.int64, device=dev)
+    lv_tok = torch.empty(bs * n_depth * budget, dtype=torch.int64, device=dev)
+    pos = torch.empty(bs * n_depth * budget, dtype=torch.int64, device=dev)
+    tokens = torch.empty((bs, width), dtype=torch.int64, device=dev)
+    parents = torch.empty((bs, width), dtype=torch.int64, device=dev)
+    depths = torch.empty((bs, width), dtype=torch.int64, device=dev)
+    scores = torch.empty((bs, width), dtype=torch.float32, device=dev)
+    num_nodes = torch.empty((bs,), dtype=torch.int64, device=dev)
+    mask = torch.zeros((bs, width, width), dtype=torch.bool, device=dev)
+    pb = _next_pow2(n_pairs)
+    eb = _next_pow2(n_depth * budget)
+    wb = _next_pow2(budget)
+    warps = 4 if max(pb, eb) <= 2048 else 8
+    _tree_kernel[(bs,)](cand.logp, cand.tokens, root_tokens.to(torch.int64).contiguous(),
+                        pair_i, pair_j, n_pairs, lv_score, lv_par, lv_tok, pos,
+                        tokens, parents, depths, scores, num_nodes, mask.view(torch.int8),
+                        n_depth=n_depth, k=k, budget=budget, PB=pb, WB=wb, EB=eb, NB=_next_pow2(width),
+                        num_warps=warps)
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, scores=scores,
+                     num_nodes=num_nodes, ancestor_mask=mask, max_depth=n_depth)

@@ -1,0 +1,53 @@
+"""The Triton build path gives exactly the torch path's tree.
+
+On a CUDA machine the kernels run compiled; elsewhere in Triton's interpreter (small shapes).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree import build_tree
+from ddtree.tree import draft_candidates_torch
+
+triton_mod = pytest.importorskip("ddtree._triton")
+pytestmark = pytest.mark.skipif(not triton_mod.available(), reason="triton not installed")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FIELDS = ("tokens", "parents", "depths", "num_nodes", "ancestor_mask")
+
+SHAPES = [  # (bs, L, V, budget, cap)
+    (2, 3, 50, 6, 3), (3, 4, 300, 20, 4), (1, 2, 9, 50, 8), (2, 3, 40, 8, 1), (1, 5, 6, 40, 6),
+    (2, 2, 4100, 10, 8), (2, 3, 20, 1, 1),  # two vocabulary chunks; budget 1
+]
+
+
+@pytest.mark.parametrize("bs,max_depth,vocab,budget,cap", SHAPES)
+def test_triton_tree_equals_torch_tree(bs, max_depth, vocab, budget, cap):
+    g = torch.Generator().manual_seed(bs * 1000 + vocab)
+    logits = (torch.randn(bs, max_depth, vocab, generator=g) * 2).to(DEVICE)
+    logits[..., 1] = logits[..., 4]  # exact ties must break the same way
+    roots = torch.randint(0, vocab, (bs,), generator=g).to(DEVICE)
+    a = build_tree(logits, roots, budget=budget, topk_cap=cap, backend="triton")
+    b = build_tree(logits, roots, budget=budget, topk_cap=cap, backend="torch")
+    for field in FIELDS:
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+    assert torch.allclose(a.scores, b.scores, atol=1e-5)
+
+
+def test_triton_candidates_equal_torch_candidates_with_masked_tokens():
+    logits = torch.randn(2, 3, 70)
+    logits[0, :, 5:] = float("-inf")  # fewer finite tokens than K
+    logits = logits.to(DEVICE)
+    a = triton_mod.draft_candidates(logits, 8)
+    b = draft_candidates_torch(logits, 8)
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(torch.isinf(a.logp), torch.isinf(b.logp))
+    finite = torch.isfinite(b.logp)
+    assert torch.allclose(a.logp[finite], b.logp[finite], atol=1e-5)
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        build_tree(torch.randn(1, 2, 5), torch.tensor([0]), budget=3, topk_cap=2, backend="cuda")
