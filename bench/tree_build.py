@@ -134,7 +134,7 @@ def bench_one(bs: int, depth: int, budget: int, cap: int, iters: int, bw: float,
     draft = (torch.randn(bs, depth, VOCAB, device="cuda", generator=g) * 3).to(torch.bfloat16)
     roots = torch.randint(0, VOCAB, (bs,), device="cuda", generator=g)
     n = budget + 1
-    target = target_pool[: bs * n].view(bs, n, VOCAB)
+    target = target_pool[: bs * n * VOCAB].view(bs, n, VOCAB)
 
     def build():
         return build_tree(draft, roots, budget=budget, topk_cap=cap)

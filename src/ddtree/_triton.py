@@ -58,23 +58,91 @@ if triton is not None:
 
     @triton.jit
     def _chunk_kernel(logits_ptr, stride_b, stride_l, n_depth, vocab, n_chunks,
-                      pmax_ptr, psum_ptr, pkey_ptr, CHUNK: tl.constexpr, KB: tl.constexpr):
+                      pmax_ptr, psum_ptr, pkey_ptr, CHUNK: tl.constexpr, KB: tl.constexpr,
+                      GROUP: tl.constexpr):
+        """One read of a chunk: max, sum of exp, and top-KB keys found in two stages.
+
+        Stage 1 takes the best key of each GROUP-wide group; the chunk's top-KB elements lie in
+        the KB groups with the best group keys (any other group is beaten by KB group bests).
+        Stage 2 re-reads only those KB * GROUP elements (cache hits) and takes their top-KB.
+        """
         row = tl.program_id(0)                    # b * L + d
         c = tl.program_id(1)
         b = row // n_depth
         d = row % n_depth
+        base = logits_ptr + b * stride_b + d * stride_l
         offs = c * CHUNK + tl.arange(0, CHUNK)    # [CHUNK] token ids
         inb = offs < vocab
-        x = tl.load(logits_ptr + b * stride_b + d * stride_l + offs, mask=inb,
-                    other=float("-inf")).to(tl.float32)
+        x = tl.load(base + offs, mask=inb, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         e = tl.where(x > float("-inf"), tl.exp(x - m), 0.0)
         key = tl.where(inb, _order_key(x, offs.to(tl.int64)), -9223372036854775807)
-        top = tl.topk(key, KB)                    # [KB] best first
+        group_best = tl.max(tl.reshape(key, [CHUNK // GROUP, GROUP]), axis=1)   # [G]
+        top_groups = tl.topk(group_best, KB)                                      # [KB]
+        live = top_groups > -9223372036854775807
+        gid = tl.where(live, (_key_index(top_groups) - c * CHUNK) // GROUP, 0)
+        offs2 = c * CHUNK + gid[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [KB, GROUP]
+        ok2 = live[:, None] & (offs2 < vocab)
+        x2 = tl.load(base + offs2, mask=ok2, other=float("-inf")).to(tl.float32)
+        key2 = tl.where(ok2, _order_key(x2, offs2.to(tl.int64)), -9223372036854775807)
+        top = tl.topk(tl.reshape(key2, [KB * GROUP]), KB)                         # [KB] best first
         slot = row * n_chunks + c
         tl.store(pmax_ptr + slot, m)
         tl.store(psum_ptr + slot, tl.sum(e, axis=0))
         tl.store(pkey_ptr + slot * KB + tl.arange(0, KB), top)
+
+    @triton.jit
+    def _argmax_chunk_kernel(x_ptr, row_stride, vocab, n_chunks, pkey_ptr, CHUNK: tl.constexpr):
+        """Best order key (max value, smallest index) of a chunk of one row."""
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        inb = offs < vocab
+        x = tl.load(x_ptr + row * row_stride + offs, mask=inb, other=float("-inf")).to(tl.float32)
+        key = tl.where(inb, _order_key(x, offs.to(tl.int64)), -9223372036854775807)
+        tl.store(pkey_ptr + row * n_chunks + c, tl.max(key, axis=0))
+
+    @triton.jit
+    def _argmax_merge_kernel(pkey_ptr, out_ptr, n_chunks, CB: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, CB)
+        keys = tl.load(pkey_ptr + row * n_chunks + c, mask=c < n_chunks, other=-9223372036854775807)
+        best = tl.max(keys, axis=0)
+        tl.store(out_ptr + row, _key_index(best))
+
+    @triton.jit
+    def _walk_kernel(tokens_ptr, parents_ptr, depths_ptr, targets_ptr, accepted_ptr, accept_len_ptr,
+                     bonus_ptr, out_ptr, width, n_depth: tl.constexpr, NB: tl.constexpr,
+                     LB: tl.constexpr):
+        """Greedy/sample-and-match walk of one request (see ddtree.verify.walk_tree)."""
+        b = tl.program_id(0).to(tl.int64)
+        base = b * width
+        i = tl.arange(0, NB).to(tl.int64)
+        in_n = i < width
+        # node i is accepted iff every node on its path matches its parent's target token
+        ok = in_n
+        cur = tl.where(in_n, i, 0)
+        for _ in range(n_depth):
+            par = tl.load(parents_ptr + base + cur, mask=ok, other=-1)
+            tok = tl.load(tokens_ptr + base + cur, mask=ok & (par >= 0), other=0)
+            want = tl.load(targets_ptr + base + par, mask=ok & (par >= 0), other=0)
+            ok = ok & ((par < 0) & (cur == 0) | (par >= 0) & (tok == want))
+            cur = tl.where(par >= 0, par, 0)
+        depth = tl.load(depths_ptr + base + i, mask=in_n, other=0)
+        n_acc = tl.sum(ok.to(tl.int64), axis=0) - 1
+        last = tl.max(tl.where(ok, depth * NB + i, -1), axis=0) % NB
+        bonus = tl.load(targets_ptr + base + last)
+        j = tl.arange(0, LB)
+        in_l = j < n_depth + 1
+        row = b * (n_depth + 1)
+        tl.store(accepted_ptr + row + j, tl.full([LB], -1, tl.int64), mask=in_l)
+        tl.store(out_ptr + row + j, tl.where(j == n_acc, bonus, -1), mask=in_l)
+        tl.debug_barrier()
+        node_tok = tl.load(tokens_ptr + base + i, mask=in_n, other=0)
+        tl.store(accepted_ptr + row + depth, i, mask=ok)
+        tl.store(out_ptr + row + depth - 1, node_tok, mask=ok & (depth > 0))
+        tl.store(accept_len_ptr + b, n_acc)
+        tl.store(bonus_ptr + b, bonus)
 
     @triton.jit
     def _merge_kernel(pmax_ptr, psum_ptr, pkey_ptr, logp_ptr, tok_ptr, n_chunks, k,
@@ -186,9 +254,10 @@ def draft_candidates(draft_logits: torch.Tensor, k: int) -> Candidates:
     psum = torch.empty(rows * n_chunks, dtype=torch.float32, device=dev)
     pkey = torch.empty(rows * n_chunks * kb, dtype=torch.int64, device=dev)
     warps = 4 if chunk <= 4096 else (8 if chunk <= 8192 else 16)
+    group = max(1, min(16, chunk // (2 * kb)))
     _chunk_kernel[(rows, n_chunks)](draft_logits, draft_logits.stride(0), draft_logits.stride(1),
                                     n_depth, vocab, n_chunks, pmax, psum, pkey,
-                                    CHUNK=chunk, KB=kb, num_warps=warps)
+                                    CHUNK=chunk, KB=kb, GROUP=group, num_warps=warps)
     logp = torch.empty((bs, n_depth, k), dtype=torch.float32, device=dev)
     tokens = torch.empty((bs, n_depth, k), dtype=torch.int64, device=dev)
     nb = max(_next_pow2(n_chunks * kb), kb)
@@ -217,7 +286,8 @@ def build_tree(cand: Candidates, root_tokens: torch.Tensor, budget: int) -> Draf
     pb = _next_pow2(n_pairs)
     eb = _next_pow2(n_depth * budget)
     wb = _next_pow2(budget)
-    warps = 4 if max(pb, eb) <= 2048 else 8
+    biggest = max(pb, eb)
+    warps = 4 if biggest <= 1024 else (8 if biggest <= 4096 else 16)
     _tree_kernel[(bs,)](cand.logp, cand.tokens, root_tokens.to(torch.int64).contiguous(),
                         pair_i, pair_j, n_pairs, lv_score, lv_par, lv_tok, pos,
                         tokens, parents, depths, scores, num_nodes, mask.view(torch.int8),
@@ -225,3 +295,36 @@ def build_tree(cand: Candidates, root_tokens: torch.Tensor, budget: int) -> Draf
                         num_warps=warps)
     return DraftTree(tokens=tokens, parents=parents, depths=depths, scores=scores,
                      num_nodes=num_nodes, ancestor_mask=mask, max_depth=n_depth)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim of [..., V] (smallest index among ties, like torch.argmax)."""
+    shape = logits.shape
+    x = logits.reshape(-1, shape[-1])
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, vocab = x.shape
+    chunk = min(8192, _next_pow2(vocab))
+    n_chunks = triton.cdiv(vocab, chunk)
+    pkey = torch.empty(rows * n_chunks, dtype=torch.int64, device=x.device)
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    _argmax_chunk_kernel[(rows, n_chunks)](x, x.stride(0), vocab, n_chunks, pkey, CHUNK=chunk, num_warps=8)
+    _argmax_merge_kernel[(rows,)](pkey, out, n_chunks, CB=_next_pow2(n_chunks), num_warps=1)
+    return out.reshape(shape[:-1])
+
+
+def walk(tree: DraftTree, targets: torch.Tensor):
+    """Triton version of ddtree.verify.walk_tree (same outputs)."""
+    from ddtree.verify import Verdict
+
+    bs, width = tree.tokens.shape
+    n_depth = tree.max_depth
+    dev = tree.tokens.device
+    accepted = torch.empty((bs, n_depth + 1), dtype=torch.int64, device=dev)
+    out = torch.empty((bs, n_depth + 1), dtype=torch.int64, device=dev)
+    accept_len = torch.empty(bs, dtype=torch.int64, device=dev)
+    bonus = torch.empty(bs, dtype=torch.int64, device=dev)
+    _walk_kernel[(bs,)](tree.tokens, tree.parents, tree.depths, targets.contiguous(), accepted,
+                        accept_len, bonus, out, width, n_depth=n_depth, NB=_next_pow2(width),
+                        LB=_next_pow2(n_depth + 1), num_warps=4)
+    return Verdict(accepted=accepted, accept_len=accept_len, bonus=bonus, tokens=out)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ddtree import _checks
-from ddtree.tree import DraftTree
+from ddtree.tree import DraftTree, resolve_backend
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,15 @@ def sample_no_sync(probs: torch.Tensor, generator: torch.Generator | None) -> to
 
 
 def node_targets(target_logits: torch.Tensor, params: SamplingParams,
-                 generator: torch.Generator | None) -> torch.Tensor:
+                 generator: torch.Generator | None, backend: str = "torch") -> torch.Tensor:
     """The target's token at every node: argmax if temperature 0, else a sample. int64 [bs, N]."""
     bs, n, vocab = target_logits.shape
-    greedy = target_logits.argmax(dim=-1)                                    # [bs, N]
+    if backend == "triton":
+        from ddtree import _triton
+
+        greedy = _triton.argmax_rows(target_logits)                          # [bs, N]
+    else:
+        greedy = target_logits.argmax(dim=-1)                                # [bs, N]
     if params.all_greedy:
         return greedy
     rows = target_logits.reshape(bs * n, vocab)
@@ -178,15 +183,21 @@ def _check_verify_args(tree: DraftTree, target_logits: torch.Tensor) -> None:
 
 
 def verify_tree(tree: DraftTree, target_logits: torch.Tensor, temperature, top_p=None, top_k=None,
-                min_p=None, generator: torch.Generator | None = None) -> Verdict:
+                min_p=None, generator: torch.Generator | None = None, backend: str | None = None) -> Verdict:
     """Verify a batch of draft trees against the target.
 
     target_logits [bs, N, V]: row i = the target's logits for the token after node i's path.
     temperature float [bs] (0 = greedy) or one Python number for the batch (0 skips sampling
     entirely); top_p float [bs] (1 = off); top_k int64 [bs] (<= 0 = off); min_p float [bs]
     (0 = off); None turns a filter off for the whole batch. Greedy and sampled requests may mix.
+    backend: as for build_tree (Triton argmax and walk on CUDA); both give identical verdicts.
     """
     _check_verify_args(tree, target_logits)
     params = _sampling_params(target_logits, temperature, top_p, top_k, min_p)
-    targets = node_targets(target_logits, params, generator)
+    chosen = resolve_backend(backend, target_logits.device)
+    targets = node_targets(target_logits, params, generator, chosen)
+    if chosen == "triton":
+        from ddtree import _triton
+
+        return _triton.walk(tree, targets)
     return walk_tree(tree, targets)
