@@ -92,23 +92,25 @@ if triton is not None:
         tl.store(pkey_ptr + slot * KB + tl.arange(0, KB), top)
 
     @triton.jit
-    def _argmax_chunk_kernel(x_ptr, row_stride, vocab, n_chunks, pkey_ptr, CHUNK: tl.constexpr):
-        """Best order key (max value, smallest index) of a chunk of one row."""
+    def _argmax_chunk_kernel(x_ptr, row_stride, vocab, n_chunks, pval_ptr, pidx_ptr, CHUNK: tl.constexpr):
+        """Max value of a chunk of one row and the smallest index holding it (fp32/int32 work)."""
         row = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         offs = c * CHUNK + tl.arange(0, CHUNK)
-        inb = offs < vocab
-        x = tl.load(x_ptr + row * row_stride + offs, mask=inb, other=float("-inf")).to(tl.float32)
-        key = tl.where(inb, _order_key(x, offs.to(tl.int64)), -9223372036854775807)
-        tl.store(pkey_ptr + row * n_chunks + c, tl.max(key, axis=0))
+        x = tl.load(x_ptr + row * row_stride + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        best = tl.max(x, axis=0)
+        idx = tl.min(tl.where((x == best) & (offs < vocab), offs, 2147483647), axis=0)
+        tl.store(pval_ptr + row * n_chunks + c, best)
+        tl.store(pidx_ptr + row * n_chunks + c, idx)
 
     @triton.jit
-    def _argmax_merge_kernel(pkey_ptr, out_ptr, n_chunks, CB: tl.constexpr):
+    def _argmax_merge_kernel(pval_ptr, pidx_ptr, out_ptr, n_chunks, CB: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, CB)
-        keys = tl.load(pkey_ptr + row * n_chunks + c, mask=c < n_chunks, other=-9223372036854775807)
-        best = tl.max(keys, axis=0)
-        tl.store(out_ptr + row, _key_index(best))
+        val = tl.load(pval_ptr + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
+        idx = tl.load(pidx_ptr + row * n_chunks + c, mask=c < n_chunks, other=2147483647)
+        best = tl.max(val, axis=0)
+        tl.store(out_ptr + row, tl.min(tl.where(val == best, idx, 2147483647), axis=0).to(tl.int64))
 
     @triton.jit
     def _walk_kernel(tokens_ptr, parents_ptr, depths_ptr, targets_ptr, accepted_ptr, accept_len_ptr,
@@ -306,10 +308,11 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     rows, vocab = x.shape
     chunk = min(8192, _next_pow2(vocab))
     n_chunks = triton.cdiv(vocab, chunk)
-    pkey = torch.empty(rows * n_chunks, dtype=torch.int64, device=x.device)
+    pval = torch.empty(rows * n_chunks, dtype=torch.float32, device=x.device)
+    pidx = torch.empty(rows * n_chunks, dtype=torch.int32, device=x.device)
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
-    _argmax_chunk_kernel[(rows, n_chunks)](x, x.stride(0), vocab, n_chunks, pkey, CHUNK=chunk, num_warps=8)
-    _argmax_merge_kernel[(rows,)](pkey, out, n_chunks, CB=_next_pow2(n_chunks), num_warps=1)
+    _argmax_chunk_kernel[(rows, n_chunks)](x, x.stride(0), vocab, n_chunks, pval, pidx, CHUNK=chunk, num_warps=8)
+    _argmax_merge_kernel[(rows,)](pval, pidx, out, n_chunks, CB=_next_pow2(n_chunks), num_warps=1)
     return out.reshape(shape[:-1])
 
 
