@@ -7,10 +7,10 @@ import torch
 
 from ddtree import build_tree, verify_tree
 
+from ..helpers import assert_same_tree, assert_same_verdict
+
 pytestmark = pytest.mark.gpu
 VOCAB = 163_840
-TREE_FIELDS = ("tokens", "parents", "depths", "num_nodes", "ancestor_mask")
-VERDICT_FIELDS = ("accepted", "accept_len", "bonus", "tokens")
 
 
 @pytest.mark.parametrize("bs,depth,budget,cap", [(4, 7, 32, 8), (2, 15, 128, 128), (3, 7, 512, 8), (1, 3, 1, 1)])
@@ -20,9 +20,7 @@ def test_triton_equals_torch_at_full_vocabulary(bs, depth, budget, cap):
     roots = torch.randint(0, VOCAB, (bs,), device="cuda", generator=g)
     a = build_tree(draft, roots, budget=budget, topk_cap=cap, backend="triton")
     b = build_tree(draft, roots, budget=budget, topk_cap=cap, backend="torch")
-    for field in TREE_FIELDS:
-        assert torch.equal(getattr(a, field), getattr(b, field)), field
-    assert torch.allclose(a.scores, b.scores, atol=1e-4)
+    assert_same_tree(a, b, atol=1e-4)
 
 
 def test_build_and_verify_replay_exactly_in_a_cuda_graph():
@@ -59,8 +57,6 @@ def test_build_and_verify_replay_exactly_in_a_cuda_graph():
         target[torch.arange(bs), 0, tree_e.tokens[:, 1]] = 30.0
         tree_e, verdict_e = step()
         graph.replay()
-        for field in TREE_FIELDS:
-            assert torch.equal(getattr(tree_g, field), getattr(tree_e, field)), field
-        for field in VERDICT_FIELDS:
-            assert torch.equal(getattr(verdict_g, field), getattr(verdict_e, field)), field
+        assert_same_tree(tree_g, tree_e, atol=0.0)
+        assert_same_verdict(verdict_g, verdict_e)
         assert (verdict_e.accept_len >= 1).all()
