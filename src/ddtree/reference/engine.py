@@ -1,0 +1,248 @@
+"""Batched decoding with the reference pair: autoregressive, DFlash chain, and DDTree.
+
+One round of speculative decoding (see ../shared/docs/architecture.md):
+  draft_block      DFlash block (bonus token + masks) -> draft logits [bs, L, V]
+  build_tree       -> DraftTree (chain: budget = L, cap = 1)
+  verify_pass      the target over all budget + 1 nodes in one pass (ancestor mask, depth positions)
+  verify_tree      -> Verdict (greedy or sample-and-match)
+  commit           accepted nodes' K/V compacted to contiguous slots, the rest dropped; the draft's
+                   context gets the target hidden states of the accepted nodes; bonus = next root.
+Cache convention: a request's cache holds every verified token except the last one (the root);
+the root is position `lengths[b]` and is written by the next pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ddtree import build_tree, verify_tree
+from ddtree.reference.pair import Pair
+from ddtree.reference.target import KVCache, TargetOutput
+from ddtree.tree import DraftTree
+from ddtree.verify import SamplingParams, node_targets
+
+METHODS = ("ar", "dflash", "ddtree")
+
+
+@dataclass
+class Generation:
+    tokens: list[int]                 # generated tokens (a stop token, if hit, is the last one)
+    num_verify_steps: int             # target passes after prefill
+    accept_lengths: list[int]         # accepted draft tokens per step (0 for ar); tokens = that + 1
+    finish_reason: str = "length"     # "stop" | "length"
+
+
+@dataclass
+class RequestParams:
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class BatchState:
+    cache: KVCache
+    ctx: object | None                # DraftContext for dflash/ddtree
+    lengths: torch.Tensor             # int64 [bs] cached tokens = position of the root
+    roots: torch.Tensor               # int64 [bs] last verified token
+    params: SamplingParams
+    requests: list[RequestParams]
+    generator: torch.Generator | None
+    outputs: list[Generation] = field(default_factory=list)
+    active: list[bool] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return not any(self.active)
+
+
+def _check(name: str, ok: bool, value, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+
+
+class Decoder:
+    """Decodes batches with one pair and one method; `start` then `step` until `state.done`."""
+
+    def __init__(self, pair: Pair, method: str = "ddtree", budget: int = 32, topk_cap: int = 8):
+        _check("method", method in METHODS, method, f"expected one of {METHODS}")
+        self.pair = pair
+        self.method = method
+        self.depth = pair.block_size - 1                         # L
+        if method == "dflash":
+            budget, topk_cap = self.depth, 1                      # the chain
+        _check("budget", isinstance(budget, int) and budget >= 1, budget, "expected an integer >= 1")
+        _check("topk_cap", isinstance(topk_cap, int) and topk_cap >= 1, topk_cap, "expected an integer >= 1")
+        self.budget, self.topk_cap = budget, topk_cap
+        p = pair.target.lm_head.weight
+        self.device, self.dtype = p.device, p.dtype
+        self.capture = tuple(pair.draft.config.target_layer_ids)
+
+    @property
+    def context_length(self) -> int:
+        return self.pair.target.config.max_position_embeddings
+
+    # ----- set-up -----------------------------------------------------------------------------
+    def start(self, prompts: list[list[int]], requests: list[RequestParams], seed: int | None = None) -> BatchState:
+        self._check_prompts(prompts, requests)
+        bs = len(prompts)
+        extra = self.budget + 1 + self.pair.block_size + 1 if self.method != "ar" else 2
+        slots = max(len(p) + r.max_new_tokens for p, r in zip(prompts, requests)) + extra
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+        state = BatchState(
+            cache=self.pair.target.new_cache(bs, slots),
+            ctx=self.pair.draft.new_context(bs, slots) if self.method != "ar" else None,
+            lengths=torch.tensor([len(p) - 1 for p in prompts], dtype=torch.int64, device=self.device),
+            roots=torch.tensor([p[-1] for p in prompts], dtype=torch.int64, device=self.device),
+            params=self._sampling(requests), requests=requests, generator=gen,
+            outputs=[Generation([], 0, []) for _ in prompts], active=[True] * bs)
+        self._prefill(state, prompts)
+        return state
+
+    def _check_prompts(self, prompts: list[list[int]], requests: list[RequestParams]) -> None:
+        vocab = self.pair.target.config.vocab_size
+        _check("prompts", len(prompts) >= 1 and len(prompts) == len(requests), len(prompts),
+               "expected a non-empty list with one RequestParams per prompt")
+        for i, (p, r) in enumerate(zip(prompts, requests)):
+            _check(f"prompts[{i}]", len(p) >= 1, p, "expected at least one token")
+            _check(f"prompts[{i}]", all(isinstance(t, int) and 0 <= t < vocab for t in p), p[:8],
+                   f"expected token ids in [0, {vocab})")
+            _check(f"max_new_tokens[{i}]", isinstance(r.max_new_tokens, int) and r.max_new_tokens >= 1,
+                   r.max_new_tokens, "expected an integer >= 1")
+            _check(f"prompts[{i}] + max_new_tokens", len(p) + r.max_new_tokens <= self.context_length,
+                   len(p) + r.max_new_tokens, f"expected at most the context length {self.context_length}")
+            _check(f"temperature[{i}]", r.temperature >= 0, r.temperature, "expected >= 0 (0 = greedy)")
+            _check(f"top_p[{i}]", 0 < r.top_p <= 1, r.top_p, "expected 0 < top_p <= 1")
+            _check(f"min_p[{i}]", 0 <= r.min_p < 1, r.min_p, "expected 0 <= min_p < 1")
+
+    def _sampling(self, reqs: list[RequestParams]) -> SamplingParams:
+        dev = self.device
+
+        def col(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        greedy = all(r.temperature == 0 for r in reqs)
+        return SamplingParams(
+            temperature=col([r.temperature for r in reqs], torch.float32),
+            top_k=None if all(r.top_k <= 0 for r in reqs) else col([r.top_k for r in reqs], torch.int64),
+            top_p=None if all(r.top_p >= 1 for r in reqs) else col([r.top_p for r in reqs], torch.float32),
+            min_p=None if all(r.min_p <= 0 for r in reqs) else col([r.min_p for r in reqs], torch.float32),
+            all_greedy=greedy)
+
+    def _prefill(self, state: BatchState, prompts: list[list[int]]) -> None:
+        """Cache every prompt token but the last (the first root); feed the draft its context."""
+        width = max(len(p) - 1 for p in prompts)
+        if width == 0:
+            return
+        bs = len(prompts)
+        tokens = torch.zeros((bs, width), dtype=torch.int64, device=self.device)
+        for b, p in enumerate(prompts):
+            tokens[b, : len(p) - 1] = torch.tensor(p[:-1], dtype=torch.int64)
+        pos = torch.arange(width, device=self.device).expand(bs, width)          # [bs, T]
+        causal = pos[:, :, None] >= torch.arange(state.cache.slots, device=self.device)[None, None, :]
+        out = self.pair.target(tokens, pos, state.cache, pos, causal, capture=self.capture)
+        if state.ctx is not None:
+            self.pair.draft.extend_context(state.ctx, out.hidden, pos, pos)
+
+    # ----- one round --------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, state: BatchState) -> list[list[int]]:
+        """One target pass for every active request; returns the tokens each request emitted."""
+        if self.method == "ar":
+            emitted, accept = self._ar_round(state)
+        else:
+            emitted, accept = self._spec_round(state)
+        return self._commit_host(state, emitted, accept)
+
+    def _ar_round(self, state: BatchState) -> tuple[torch.Tensor, torch.Tensor]:
+        bs = state.roots.shape[0]
+        pos = state.lengths[:, None]                                              # [bs, 1]
+        mask = torch.arange(state.cache.slots, device=self.device)[None, None, :] <= pos[:, :, None]
+        out = self.pair.target(state.roots[:, None], pos, state.cache, pos, mask)
+        nxt = node_targets(out.logits, state.params, state.generator)[:, 0]       # [bs]
+        self._advance(state, torch.zeros(bs, dtype=torch.int64, device=self.device), nxt)
+        return nxt[:, None], torch.zeros(bs, dtype=torch.int64, device=self.device)
+
+    def _spec_round(self, state: BatchState) -> tuple[torch.Tensor, torch.Tensor]:
+        draft_logits = self.pair.draft(state.roots, state.lengths, state.ctx, state.lengths)  # [bs, L, V]
+        tree = build_tree(draft_logits, state.roots, budget=self.budget, topk_cap=self.topk_cap)
+        out = self._verify_pass(state, tree)
+        p = state.params
+        temperature = 0.0 if p.all_greedy else p.temperature
+        verdict = verify_tree(tree, out.logits, temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+                              generator=state.generator)
+        self._commit_device(state, out, verdict.accepted)
+        self._advance(state, verdict.accept_len, verdict.bonus)
+        return verdict.tokens, verdict.accept_len
+
+    def _verify_pass(self, state: BatchState, tree: DraftTree) -> TargetOutput:
+        """All N tree nodes in one target pass: node i at slot lengths + i, position root + depth."""
+        bs, n = tree.tokens.shape
+        slots = state.lengths[:, None] + torch.arange(n, device=self.device)       # [bs, N]
+        s = state.cache.slots
+        prefix = torch.arange(s, device=self.device)[None, :] < state.lengths[:, None]  # [bs, S]
+        mask = prefix[:, None, :].expand(bs, n, s).clone()
+        mask.scatter_(2, slots[:, None, :].expand(bs, n, n), tree.ancestor_mask)  # node i sees its ancestors
+        return self.pair.target(tree.tokens, tree.positions(state.lengths), state.cache, slots, mask,
+                                capture=self.capture)
+
+    def _commit_device(self, state: BatchState, out: TargetOutput, accepted: torch.Tensor) -> None:
+        """Keep the accepted path's K/V at slots lengths + 0..k; extend the draft's context."""
+        steps = torch.arange(accepted.shape[1], device=self.device)                # [L+1]
+        dst = state.lengths[:, None] + steps                                      # [bs, L+1]
+        src = state.lengths[:, None] + torch.where(accepted >= 0, accepted, steps)
+        state.cache.move(src, dst)
+        hidden = out.hidden.gather(1, accepted.clamp(min=0)[..., None].expand(-1, -1, out.hidden.shape[-1]))
+        self.pair.draft.extend_context(state.ctx, hidden, dst, dst)
+
+    def _advance(self, state: BatchState, accept_len: torch.Tensor, bonus: torch.Tensor) -> None:
+        live = torch.tensor(state.active, device=self.device)
+        state.lengths = torch.where(live, state.lengths + accept_len + 1, state.lengths)
+        state.roots = torch.where(live, bonus, state.roots)
+
+    def _commit_host(self, state: BatchState, emitted: torch.Tensor, accept: torch.Tensor) -> list[list[int]]:
+        """Append each active request's tokens up to its stop token or limit (one host sync)."""
+        rows, accepts = emitted.tolist(), accept.tolist()
+        new: list[list[int]] = []
+        for b, req in enumerate(state.requests):
+            if not state.active[b]:
+                new.append([])
+                continue
+            gen = state.outputs[b]
+            gen.num_verify_steps += 1
+            gen.accept_lengths.append(accepts[b])
+            fresh = []
+            for tok in rows[b][: accepts[b] + 1]:
+                gen.tokens.append(tok)
+                fresh.append(tok)
+                if tok in req.stop_token_ids:
+                    gen.finish_reason = "stop"
+                    state.active[b] = False
+                    break
+                if len(gen.tokens) >= req.max_new_tokens:
+                    gen.finish_reason = "length"
+                    state.active[b] = False
+                    break
+            new.append(fresh)
+        return new
+
+
+def generate(pair: Pair, prompts: list[list[int]], *, max_new_tokens: int, method: str = "ar",
+             budget: int = 32, topk_cap: int = 8, temperature: float = 0.0, top_p: float = 1.0,
+             top_k: int = -1, min_p: float = 0.0, seed: int | None = None,
+             stop_token_ids=None) -> list[Generation]:
+    """Decode a batch of prompts (lists of token ids) to completion with one method."""
+    decoder = Decoder(pair, method, budget, topk_cap)
+    req = RequestParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                        min_p=min_p, stop_token_ids=frozenset(stop_token_ids or ()))
+    state = decoder.start(prompts, [req] * len(prompts), seed=seed)
+    while not state.done:
+        decoder.step(state)
+    return state.outputs

@@ -1,0 +1,99 @@
+"""TargetLM: the model whose distribution speculative decoding must reproduce exactly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ddtree.reference.config import TargetConfig
+from ddtree.reference.layers import Attention, RMSNorm, SwiGLU
+
+
+@dataclass
+class KVCache:
+    """Per-layer key/value slots of a batch; slot s of request b holds its token at position s."""
+
+    k: torch.Tensor  # [layers, bs, kv_heads, S, hd]
+    v: torch.Tensor  # [layers, bs, kv_heads, S, hd]
+
+    @classmethod
+    def empty(cls, layers: int, bs: int, kv_heads: int, slots: int, head_dim: int,
+              device: torch.device | str, dtype: torch.dtype) -> "KVCache":
+        shape = (layers, bs, kv_heads, slots, head_dim)
+        return cls(k=torch.zeros(shape, device=device, dtype=dtype), v=torch.zeros(shape, device=device, dtype=dtype))
+
+    @property
+    def slots(self) -> int:
+        return self.k.shape[3]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k/v [bs, KV, T, hd] at slots int64 [bs, T] (mutates the cache)."""
+        index = slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy slots src -> dst (int64 [bs, T]) in every layer; all reads happen before writes."""
+        layers, bs, kvh, _, hd = self.k.shape
+        index = src[None, :, None, :, None].expand(layers, bs, kvh, src.shape[1], hd)
+        k, v = self.k.gather(3, index), self.v.gather(3, index)
+        out = dst[None, :, None, :, None].expand_as(index)
+        self.k.scatter_(3, out, k)
+        self.v.scatter_(3, out, v)
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [bs, T, V]
+    hidden: torch.Tensor  # [bs, T, len(capture) * hidden]  outputs of the captured layers, concatenated
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                   cfg.head_dim, cfg.rms_norm_eps, cfg.rope_theta)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, positions, cache: KVCache, layer: int, slots, mask):
+        h = self.input_layernorm(x)
+        q = self.self_attn.query(h, positions)
+        k, v = self.self_attn.key_value(h, positions)
+        cache.write(layer, slots, k, v)
+        x = x + self.self_attn.attend(q, cache.k[layer], cache.v[layer], mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TargetLM(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def new_cache(self, bs: int, slots: int) -> KVCache:
+        c = self.config
+        p = self.lm_head.weight
+        return KVCache.empty(c.num_hidden_layers, bs, c.num_key_value_heads, slots, c.head_dim, p.device, p.dtype)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
+                mask: torch.Tensor, capture: tuple[int, ...] = ()) -> TargetOutput:
+        """One pass over T new tokens per request.
+
+        tokens/positions/slots int64 [bs, T]; mask bool [bs, T, S] over all cache slots (the new
+        tokens' own K/V are written to `slots` first, so a tree sees its ancestors there).
+        """
+        x = self.embed_tokens(tokens)                                  # [bs, T, hidden]
+        captured = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, cache, i, slots, mask)
+            if i in capture:
+                captured.append(x)
+        hidden = torch.cat([captured[capture.index(i)] for i in capture], dim=-1) if capture else x[..., :0]
+        return TargetOutput(logits=self.lm_head(self.norm(x)), hidden=hidden)
