@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ddtree.reference.config import DraftConfig
-from ddtree.reference.layers import Attention, RMSNorm, SwiGLU
+from ddtree.reference.layers import DecoderBlock, RMSNorm
 
 
 @dataclass
@@ -26,15 +26,7 @@ class DraftContext:
     v: torch.Tensor  # [layers, bs, kv_heads, S, hd]
 
 
-class DraftLayer(nn.Module):
-    def __init__(self, cfg: DraftConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                   cfg.head_dim, cfg.rms_norm_eps, cfg.rope_theta)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-
+class DraftLayer(DecoderBlock):
     def forward(self, x, positions, ctx_k, ctx_v, ctx_mask):
         """x [bs, B, hidden]; ctx_k/v [bs, KV, S, hd]; ctx_mask bool [bs, S]."""
         bs, block, _ = x.shape

@@ -73,7 +73,9 @@ class Decoder:
         _check("method", method in METHODS, method, f"expected one of {METHODS}")
         self.pair = pair
         self.method = method
-        self.depth = pair.block_size - 1                         # L
+        if method != "ar" and pair.draft is None:
+            raise ValueError(f"method={method!r} needs a draft model: load one, or use method='ar'")
+        self.depth = pair.block_size - 1 if method != "ar" else 0  # L
         if method == "dflash":
             budget, topk_cap = self.depth, 1                      # the chain
         _check("budget", isinstance(budget, int) and budget >= 1, budget, "expected an integer >= 1")
@@ -81,7 +83,7 @@ class Decoder:
         self.budget, self.topk_cap = budget, topk_cap
         p = pair.target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
-        self.capture = tuple(pair.draft.config.target_layer_ids)
+        self.capture = tuple(pair.draft.config.target_layer_ids) if method != "ar" else ()
 
     @property
     def context_length(self) -> int:

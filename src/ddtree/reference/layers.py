@@ -73,3 +73,18 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])     # [bs, H, T, hd]
         bs, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(bs, t, self.heads * self.head_dim))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm attention + SwiGLU block; the target and the draft differ only in what they attend to.
+
+    cfg: a TargetConfig or DraftConfig (hidden_size, heads, kv heads, head_dim, eps, theta, inner size).
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                   cfg.head_dim, cfg.rms_norm_eps, cfg.rope_theta)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)

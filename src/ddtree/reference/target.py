@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ddtree.reference.config import TargetConfig
-from ddtree.reference.layers import Attention, RMSNorm, SwiGLU
+from ddtree.reference.layers import DecoderBlock, RMSNorm
 
 
 @dataclass
@@ -50,15 +50,7 @@ class TargetOutput:
     hidden: torch.Tensor  # [bs, T, len(capture) * hidden]  outputs of the captured layers, concatenated
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TargetConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                   cfg.head_dim, cfg.rms_norm_eps, cfg.rope_theta)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-
+class DecoderLayer(DecoderBlock):
     def forward(self, x, positions, cache: KVCache, layer: int, slots, mask):
         h = self.input_layernorm(x)
         q = self.self_attn.query(h, positions)

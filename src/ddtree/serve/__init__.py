@@ -1,0 +1,1 @@
+"""ddtree-serve: an OpenAI-compatible HTTP server over the reference engine (FastAPI + uvicorn)."""

@@ -1,0 +1,116 @@
+"""ddtree-serve: command line (flags mirror `sglang serve` where they overlap) and shutdown.
+
+SIGTERM (and SIGINT): stop accepting connections, answer 503 on /health and /ready, finish the
+in-flight requests, stop the batch worker, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import torch
+import uvicorn
+
+from ddtree.reference.engine import Decoder
+from ddtree.reference.pair import Pair, load_draft, load_target
+from ddtree.serve.app import ServerSettings, create_app
+
+ALGORITHMS = {"DDTREE": "ddtree", "DFLASH": "dflash", "NONE": "ar"}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ddtree-serve", description="OpenAI-compatible server over the reference engine")
+    ap.add_argument("--model-path", required=True, help="target directory (config.json, model.safetensors)")
+    ap.add_argument("--speculative-draft-model-path", help="DFlash draft directory (needed unless NONE)")
+    ap.add_argument("--speculative-algorithm", type=str.upper, choices=sorted(ALGORITHMS), default="DDTREE")
+    ap.add_argument("--speculative-ddtree-budget", type=int, default=32)
+    ap.add_argument("--speculative-ddtree-topk-cap", type=int, default=8)
+    ap.add_argument("--speculative-dflash-block-size", type=int, default=None,
+                    help="must equal the draft's block size (read from its config.json when omitted)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--enable-metrics", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ap.add_argument("--max-running-requests", type=int, default=16)
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--graceful-timeout", type=float, default=600.0,
+                    help="seconds to wait for in-flight requests after SIGTERM")
+    ap.add_argument("--log-level", default="info")
+    return ap
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject settings that cannot work, naming the flag, the value and the fix (exit 2)."""
+    if args.speculative_algorithm != "NONE" and not args.speculative_draft_model_path:
+        ap.error(f"--speculative-algorithm {args.speculative_algorithm} needs --speculative-draft-model-path DIR "
+                 "(or use --speculative-algorithm NONE)")
+    for flag in ("speculative_ddtree_budget", "speculative_ddtree_topk_cap", "max_running_requests"):
+        value = getattr(args, flag)
+        if value < 1:
+            ap.error(f"--{flag.replace('_', '-')} {value} is invalid: expected an integer >= 1")
+    if not 0 < args.port < 65536:
+        ap.error(f"--port {args.port} is invalid: expected 1..65535")
+
+
+def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder, ServerSettings]:
+    dtype = DTYPES[args.dtype]
+    try:
+        target, tokenizer = load_target(args.model_path, device=args.device, dtype=dtype)
+        if args.speculative_algorithm == "NONE":
+            # the decoder needs a draft object only for the speculative methods
+            draft = None
+        else:
+            draft = load_draft(args.speculative_draft_model_path, target, device=args.device, dtype=dtype)
+    except (FileNotFoundError, ValueError) as err:
+        ap.error(str(err))
+    block = draft.config.block_size if draft is not None else 1
+    if args.speculative_dflash_block_size not in (None, block):
+        ap.error(f"--speculative-dflash-block-size {args.speculative_dflash_block_size} does not match the "
+                 f"draft's block_size {block}: omit the flag or use {block}")
+    pair = Pair(target=target, draft=draft, tokenizer=tokenizer)
+    decoder = Decoder(pair, ALGORITHMS[args.speculative_algorithm], args.speculative_ddtree_budget,
+                      args.speculative_ddtree_topk_cap)
+    settings = ServerSettings(
+        model_path=args.model_path, draft_model_path=args.speculative_draft_model_path,
+        speculative_algorithm=args.speculative_algorithm, budget=decoder.budget, topk_cap=decoder.topk_cap,
+        block_size=block, host=args.host, port=args.port, api_key=args.api_key,
+        enable_metrics=args.enable_metrics, device=args.device, dtype=args.dtype,
+        max_running_requests=args.max_running_requests,
+        served_model_name=args.served_model_name or args.model_path,
+        context_length=target.config.max_position_embeddings)
+    return decoder, settings
+
+
+class DrainingServer(uvicorn.Server):
+    """Marks the app as draining as soon as a shutdown signal arrives; exits 0 after draining.
+
+    uvicorn (>= 0.29) re-raises the captured signal after its graceful shutdown, which would end
+    the process with -SIGTERM; a drained shutdown is an orderly stop, so the list is cleared.
+    """
+
+    def handle_exit(self, sig, frame):
+        self.config.app.state.draining = True
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_args(ap, args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    decoder, settings = load(args, ap)
+    app = create_app(settings, decoder, decoder.pair.tokenizer)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.graceful_timeout)
+    DrainingServer(config).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

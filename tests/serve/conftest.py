@@ -1,0 +1,79 @@
+"""A real ddtree-serve process on a free loopback port, over a tiny float64 pair."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "test-key-not-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    pair_dir: Path
+    log: Path
+
+    def client(self, key: str | None = API_KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+def start_server(tmp: Path, pair_dir: Path, *extra: str) -> Server:
+    port = free_port()
+    log = tmp / f"server-{port}.log"
+    exe = Path(sys.executable).with_name("ddtree-serve")  # the installed console script
+    cmd = [str(exe), "--model-path", str(pair_dir / "target"),
+           "--speculative-draft-model-path", str(pair_dir / "draft"), "--port", str(port),
+           "--dtype", "float64", "--api-key", API_KEY, "--enable-metrics",
+           "--speculative-ddtree-budget", "16", "--speculative-ddtree-topk-cap", "4", *extra]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ddtree-serve exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return Server(proc, url, pair_dir, log)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"ddtree-serve did not become ready: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def pair_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pair")
+    subprocess.run([sys.executable, "-m", "ddtree.reference.init", "--out", str(out), "--seed", "0",
+                    "--preset", "tiny"], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, pair_dir):
+    srv = start_server(tmp_path_factory.mktemp("srv"), pair_dir)
+    yield srv
+    srv.stop()

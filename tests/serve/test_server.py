@@ -1,0 +1,215 @@
+"""ddtree-serve over real HTTP on loopback: endpoints, errors, batching, streaming, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from ddtree.reference import generate, load_pair
+
+from .conftest import start_server
+
+
+def completion(client: httpx.Client, prompt, **kw) -> dict:
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, **kw}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sse_events(response: httpx.Response) -> list:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def test_operational_endpoints(server):
+    with server.client() as c:
+        assert c.get("/health").status_code == 200
+        assert c.get("/health_generate").status_code == 200
+        assert c.get("/ready").json() == {"status": "ready"}
+        info = c.get("/model_info").json()
+        assert info["model_path"].endswith("target") and info["is_generation"] is True
+        sinfo = c.get("/server_info").json()
+        assert sinfo["speculative_algorithm"] == "DDTREE" and sinfo["budget"] == 16 and sinfo["topk_cap"] == 4
+        assert sinfo["api_key"] == "<set>"  # never echoed
+        models = c.get("/v1/models").json()
+        assert models["object"] == "list" and models["data"][0]["max_model_len"] == 1024
+
+
+def test_metrics_count_verify_calls_and_tokens(server):
+    with server.client() as c:
+        before = c.get("/metrics").text
+        completion(c, "metrics please", max_tokens=10)
+        after = c.get("/metrics").text
+
+    def value(text: str, name: str) -> float:
+        line = next(x for x in text.splitlines() if x.startswith(name + "{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value(after, "sglang:generation_tokens_total") - value(before, "sglang:generation_tokens_total") == 10
+    assert value(after, "sglang:spec_verify_calls_total") > value(before, "sglang:spec_verify_calls_total")
+    assert value(after, "sglang:spec_accept_length") >= 1.0
+    assert "sglang:num_requests_total" in after and "sglang:prompt_tokens_total" in after
+
+
+def test_completion_matches_the_engine_and_reports_spec_details(server):
+    pair = load_pair(server.pair_dir, dtype=torch.float64)
+    prompt = pair.tokenizer.encode("import os\n")
+    want = generate(pair, [prompt], max_new_tokens=12, method="ddtree", budget=16, topk_cap=4,
+                    stop_token_ids=[pair.tokenizer.eos_token_id])[0]
+    with server.client() as c:
+        out = completion(c, "import os\n", return_spec_tokens_details=True)
+        by_ids = completion(c, prompt)
+    assert out["choices"][0]["text"] == pair.tokenizer.decode(want.tokens)
+    assert by_ids["choices"][0]["text"] == out["choices"][0]["text"]
+    assert out["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(want.tokens),
+                            "total_tokens": len(prompt) + len(want.tokens)}
+    details = out["sglext"]["spec_tokens_details"]
+    assert details["spec_verify_ct"] == want.num_verify_steps
+    assert details["spec_accept_length"] == pytest.approx(len(want.tokens) / want.num_verify_steps)
+    assert "sglext" not in by_ids
+
+
+def test_chat_completion_and_streaming_agree(server):
+    body = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+            "max_tokens": 9, "temperature": 0}
+    with server.client() as c:
+        whole = c.post("/v1/chat/completions", json=body).json()
+        with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(r)
+        with c.stream("POST", "/v1/completions", json={"prompt": "abc", "max_tokens": 7, "temperature": 0,
+                                                      "stream": True}) as r:
+            text_events = sse_events(r)
+        plain = completion(c, "abc", max_tokens=7)
+    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
+    assert events[-1] == "[DONE]" and events[0]["choices"][0]["delta"] == {"role": "assistant"}
+    streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:-1])
+    assert streamed == whole["choices"][0]["message"]["content"]
+    assert events[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert events[-2]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    assert "".join(e["choices"][0]["text"] for e in text_events[:-1]) == plain["choices"][0]["text"]
+
+
+BAD = [
+    ({"max_tokens": 4}, "prompt"),
+    ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+    ({"prompt": "x", "temperature": -0.5}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "min_p": 1.0}, "min_p"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": [1, 2, 999]}, "prompt"),
+    ({"prompt": "y" * 1100}, "prompt"),
+]
+
+
+@pytest.mark.parametrize("body,param", BAD)
+def test_bad_requests_get_400_with_an_openai_error(server, body, param):
+    with server.client() as c:
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] == 400
+        assert err["param"] == param and param in err["message"]
+        assert c.get("/health").status_code == 200  # still alive
+
+
+def test_garbage_bodies_do_not_hurt_the_server(server):
+    with server.client() as c:
+        assert c.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+                      ).status_code == 400
+        assert c.post("/v1/chat/completions", json={"messages": []}).status_code == 400
+        assert c.post("/v1/chat/completions", json={"messages": [{"role": 1}]}).status_code == 400
+        completion(c, "still fine", max_tokens=3)
+
+
+def test_api_key_is_required(server):
+    with server.client(key=None) as c:
+        r = c.post("/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert c.get("/v1/models").status_code == 401
+        assert c.get("/health").status_code == 200  # probes need no key, as in SGLang
+    with server.client(key="wrong") as c:
+        assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 401
+
+
+def test_sixteen_simultaneous_requests_match_the_engine_alone(server):
+    pair = load_pair(server.pair_dir, dtype=torch.float64)
+    prompts = [f"request {i}: " + "ab" * i for i in range(16)]
+
+    def call(text):
+        with server.client() as c:
+            return completion(c, text, max_tokens=10)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(call, prompts))
+    for text, ans in zip(prompts, answers):
+        alone = generate(pair, [pair.tokenizer.encode(text)], max_new_tokens=10, method="ddtree", budget=16,
+                         topk_cap=4, stop_token_ids=[pair.tokenizer.eos_token_id])[0]
+        assert ans["choices"][0]["text"] == pair.tokenizer.decode(alone.tokens)
+        assert ans["usage"]["completion_tokens"] == len(alone.tokens)
+
+
+def test_sigterm_drains_an_in_flight_request(tmp_path, pair_dir):
+    srv = start_server(tmp_path, pair_dir, "--speculative-algorithm", "NONE")
+    received: list = []
+    first_chunk = threading.Event()
+
+    def stream_long():
+        with srv.client() as c, c.stream("POST", "/v1/completions",
+                                         json={"prompt": "drain", "max_tokens": 400, "temperature": 0,
+                                               "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    received.append(line[6:])
+                    first_chunk.set()
+
+    t = threading.Thread(target=stream_long)
+    t.start()
+    assert first_chunk.wait(30)
+    srv.proc.send_signal(signal.SIGTERM)
+    t.join(120)
+    assert srv.proc.wait(timeout=60) == 0
+    assert received[-1] == "[DONE]"
+    last = json.loads(received[-2])
+    assert last["usage"]["completion_tokens"] == 400 or last["choices"][0]["finish_reason"] == "stop"
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(srv.url + "/ready", timeout=2)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--speculative-algorithm", "DDTREE"], "needs --speculative-draft-model-path"),
+    (["--speculative-algorithm", "NONE", "--speculative-ddtree-budget", "0"], "--speculative-ddtree-budget 0"),
+    (["--speculative-algorithm", "NONE", "--port", "70000"], "--port 70000"),
+    (["--speculative-algorithm", "EAGLE"], "invalid choice: 'EAGLE'"),
+])
+def test_bad_flags_exit_2_with_the_fix(tmp_path, args, message):
+    exe = Path(sys.executable).with_name("ddtree-serve")
+    r = subprocess.run([str(exe), "--model-path", str(tmp_path), *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr
+
+
+def test_missing_model_and_block_size_mismatch_exit_2(pair_dir, tmp_path):
+    exe = Path(sys.executable).with_name("ddtree-serve")
+    r = subprocess.run([str(exe), "--model-path", str(tmp_path / "none"), "--speculative-algorithm", "NONE"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "config.json not found" in r.stderr
+    r = subprocess.run([str(exe), "--model-path", str(pair_dir / "target"), "--speculative-draft-model-path",
+                        str(pair_dir / "draft"), "--speculative-dflash-block-size", "8"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "does not match the draft's block_size 4" in r.stderr
