@@ -10,10 +10,15 @@ VENV := $(CACHE)/venv-test-$(REQ_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-unit clean-venv
+SANDBOX_MODEL := $(CACHE)/models/tiny-seed0
+ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
+
+.PHONY: help venv test test-unit test-fast clean-venv sandbox sandbox-down deploy lint
 
 help:
-	@echo "make test        run the CPU test suite (creates the cached venv first)"
+	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
+	@echo "make test        the whole suite: CPU tests, Ansible checks, the sandbox host (creates what it needs)"
+	@echo "make sandbox     boot the local sandbox host (cached rootfs, ssh on 127.0.0.1:2222); sandbox-down stops it"
 	@echo "make test-unit   algorithm unit tests only"
 	@echo "make venv        create/refresh the pinned CPU test venv in $(CACHE)"
 
@@ -33,8 +38,27 @@ venv: $(VENV)/.ready
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test: venv
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+test-fast: venv
+	$(PY) -m pytest tests --ignore=tests/infra $(PYTEST_ARGS)
+
+test: venv sandbox
+	$(ANSIBLE_ENV) $(PY) -m pytest tests $(PYTEST_ARGS)
+
+$(SANDBOX_MODEL)/target/config.json: | venv
+	$(PY) -m ddtree.reference.init --out $(SANDBOX_MODEL) --seed 0 --preset tiny
+
+sandbox: $(SANDBOX_MODEL)/target/config.json
+	tools/sandbox.sh up
+	tools/sandbox.sh stage $(SANDBOX_MODEL) tiny-seed0
+
+sandbox-down:
+	tools/sandbox.sh down
+
+deploy: venv sandbox
+	$(ANSIBLE_ENV) $(VENV)/bin/ansible-playbook deploy.yml
+
+lint: venv
+	$(ANSIBLE_ENV) $(VENV)/bin/ansible-lint
 
 clean-venv:
 	rm -rf $(VENV)

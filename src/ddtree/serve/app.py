@@ -42,6 +42,7 @@ class ServerSettings:
     max_running_requests: int
     served_model_name: str
     context_length: int
+    cuda_graph: bool = False
 
     def public(self) -> dict:
         out = asdict(self)

@@ -38,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--max-running-requests", type=int, default=16)
     ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--cuda-graph-max-bs-decode", type=int, default=None,
+                    help="largest decode batch captured in a CUDA graph (recorded; the reference engine "
+                         "decodes eagerly on the CPU)")
+    ap.add_argument("--cuda-graph-backend-decode", choices=["cuda", "disabled"], default=None,
+                    help="'disabled' turns decode CUDA graphs off (recorded; see --cuda-graph-max-bs-decode)")
     ap.add_argument("--graceful-timeout", type=float, default=600.0,
                     help="seconds to wait for in-flight requests after SIGTERM")
     ap.add_argument("--log-level", default="info")
@@ -75,6 +80,9 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
     pair = Pair(target=target, draft=draft, tokenizer=tokenizer)
     decoder = Decoder(pair, ALGORITHMS[args.speculative_algorithm], args.speculative_ddtree_budget,
                       args.speculative_ddtree_topk_cap)
+    graphs = args.cuda_graph_backend_decode != "disabled" and args.device.startswith("cuda")
+    if args.cuda_graph_max_bs_decode and not graphs:
+        logging.getLogger("ddtree.serve").info("CUDA graphs requested but device=%s: decoding eagerly", args.device)
     settings = ServerSettings(
         model_path=args.model_path, draft_model_path=args.speculative_draft_model_path,
         speculative_algorithm=args.speculative_algorithm, budget=decoder.budget, topk_cap=decoder.topk_cap,
@@ -82,7 +90,7 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
         enable_metrics=args.enable_metrics, device=args.device, dtype=args.dtype,
         max_running_requests=args.max_running_requests,
         served_model_name=args.served_model_name or args.model_path,
-        context_length=target.config.max_position_embeddings)
+        context_length=target.config.max_position_embeddings, cuda_graph=graphs)
     return decoder, settings
 
 
