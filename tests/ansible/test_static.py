@@ -1,0 +1,167 @@
+"""Ansible without a host: syntax, lint, templates, argument_specs, rendered units, preflight."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+from .conftest import BIN, ROOT, run
+
+ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
+PLAYBOOKS = ["deploy.yml"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "playbooks").glob("*.yml"))
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS)
+def test_playbook_syntax(playbook, tmp_path):
+    r = run([str(BIN / "ansible-playbook"), "--syntax-check", playbook], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ansible_lint_production_profile_is_clean(tmp_path):
+    r = run([str(BIN / "ansible-lint"), "--offline", "--nocolor"], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def test_every_template_parses():
+    env = jinja2.Environment()
+    templates = list((ROOT / "templates").rglob("*.j2"))
+    assert templates
+    for t in templates:
+        env.parse(t.read_text())
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_argument_specs_list_exactly_the_defaults(role):
+    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+    specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    for entry, spec in specs.items():
+        assert set(spec.get("options", {})) == set(defaults), f"{role}:{entry}"
+        for name, opt in spec["options"].items():
+            assert opt.get("description"), f"{role}:{name} has no description"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_role_reads_as_a_table_of_contents(role):
+    tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / "main.yml").read_text())
+    assert all(t["name"][0].isupper() for t in tasks)
+    assert (ROOT / "roles" / role / "handlers" / "main.yml").exists()
+
+
+def render(inventory: str, tmp: Path, vault_pass: Path, *extra: str) -> dict[str, str]:
+    out = tmp / "render"
+    out.mkdir(exist_ok=True)
+    r = run([str(BIN / "ansible-playbook"), "-i", f"inventory/{inventory}", "tests/ansible/render.yml",
+             "--vault-password-file", str(vault_pass), "-e", f"k26_render_dir={out}", *extra], tmp)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return {p.name: p.read_text() for p in out.iterdir()}
+
+
+def exec_flags(unit: str) -> list[str]:
+    """The ExecStart arguments, one entry per rendered line ('--flag value')."""
+    block = unit.split("ExecStart=", 1)[1].split("\nRestart=", 1)[0]
+    return [line.strip().rstrip("\\").strip() for line in block.splitlines()[1:]]
+
+
+PRODUCTION_FLAGS = [
+    "--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6", "--speculative-algorithm DDTREE",
+    "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
+    "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 32",
+    "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
+    "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics", "--api-key ${K26_API_KEY}",
+    "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2",
+]
+
+
+def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
+    files = render("production", tmp_path, vault_pass)
+    unit, env = files["k26-gpu-01.service"], files["k26-gpu-01.env"]
+    assert unit.split("ExecStart=", 1)[1].startswith("/opt/k26/venv/bin/sglang serve \\")
+    assert exec_flags(unit) == PRODUCTION_FLAGS
+    assert "demo-api-key-replace-me" not in unit and "K26_API_KEY=demo-api-key-replace-me" in env
+    for line in ("User=k26", "EnvironmentFile=/etc/k26/k26-ddtree.env", "Restart=on-failure", "TimeoutStartSec=3600",
+                 "TimeoutStopSec=600", "KillMode=mixed", "LimitMEMLOCK=infinity", "NoNewPrivileges=yes",
+                 "ProtectSystem=full", "ProtectHome=yes", "PrivateTmp=yes", "ReadWritePaths=/var/lib/k26"):
+        assert line in unit.splitlines(), line
+    assert not any(line.startswith(("PrivateDevices", "DevicePolicy")) for line in unit.splitlines())  # GPUs reachable
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in env and "NCCL_NVLS_ENABLE=0" in env
+
+
+@pytest.mark.parametrize("graphs,budget,cap", [(True, 8, 4), (False, 32, 8), (False, 128, 16), (True, 512, 8)])
+def test_rendered_flags_follow_graphs_and_budget(tmp_path, vault_pass, graphs, budget, cap):
+    files = render("production", tmp_path, vault_pass, "-e",
+                   json.dumps({"k26_cuda_graph": graphs, "k26_ddtree_budget": budget, "k26_ddtree_topk_cap": cap}))
+    flags = exec_flags(files["k26-gpu-01.service"])
+    assert f"--speculative-ddtree-budget {budget}" in flags and f"--speculative-ddtree-topk-cap {cap}" in flags
+    assert ("--cuda-graph-max-bs-decode 32" in flags) == graphs
+    assert ("--cuda-graph-backend-decode disabled" in flags) == (not graphs)
+    assert len([f for f in flags if f.startswith("--speculative-ddtree-budget")]) == 1
+
+
+def test_sandbox_unit_runs_ddtree_serve(tmp_path, vault_pass):
+    files = render("sandbox", tmp_path, vault_pass)
+    unit = files["sandbox.service"]
+    assert unit.split("ExecStart=", 1)[1].startswith("/opt/k26/venv/bin/ddtree-serve \\")
+    flags = exec_flags(unit)
+    assert flags == [
+        "--model-path /srv/models/tiny-seed0/target", "--served-model-name k26-sandbox-tiny",
+        "--speculative-algorithm DDTREE", "--speculative-draft-model-path /srv/models/tiny-seed0/draft",
+        "--speculative-dflash-block-size 4", "--speculative-ddtree-budget 16", "--speculative-ddtree-topk-cap 4",
+        "--cuda-graph-backend-decode disabled", "--device cpu", "--dtype float32", "--max-running-requests 32",
+        "--host 127.0.0.1", "--port 30000", "--enable-metrics", "--api-key ${K26_API_KEY}"]
+    # the rendered flags are accepted by the real ddtree-serve parser
+    from ddtree.serve.cli import parser
+
+    args = parser().parse_args(" ".join(flags).replace("${K26_API_KEY}", "k").split())
+    assert args.speculative_ddtree_budget == 16 and args.cuda_graph_backend_decode == "disabled"
+
+
+@pytest.fixture(scope="module")
+def pair_dir(tmp_path_factory) -> Path:
+    import sys
+
+    out = tmp_path_factory.mktemp("pair")
+    subprocess.run([sys.executable, "-m", "ddtree.reference.init", "--out", str(out)], check=True, capture_output=True)
+    return out
+
+
+BAD_PREFLIGHT = [
+    ({"k26_ddtree_budget": 0}, "k26_ddtree_budget=0 is invalid: expected an integer 1..1023"),
+    ({"k26_ddtree_budget": 1024}, "k26_ddtree_budget=1024 is invalid"),
+    ({"k26_ddtree_budget": "lots"}, "k26_ddtree_budget=lots is invalid"),
+    ({"k26_ddtree_topk_cap": 0}, "k26_ddtree_topk_cap=0 is invalid"),
+    ({"k26_ddtree_topk_cap": 33}, "k26_ddtree_topk_cap=33 is invalid: expected an integer 1..k26_ddtree_budget (32)"),
+    ({"k26_dflash_block_size": 1}, "k26_dflash_block_size=1 is invalid"),
+    ({"k26_dflash_block_size": 8}, "k26_dflash_block_size=8 differs from the draft's block_size 4"),
+    ({"k26_port": 0}, "k26_port=0 is invalid"),
+    ({"k26_model_path": "/nonexistent"}, "k26_model_path=/nonexistent has no config.json"),
+    ({"k26_speculative_algorithm": "EAGLE"}, "k26_speculative_algorithm"),
+    ({"k26_min_free_disk_gb": 10**9}, "k26_min_free_disk_gb=1000000000"),
+]
+
+
+def preflight(tmp: Path, pair_dir: Path, overrides: dict) -> subprocess.CompletedProcess:
+    base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_state_dir": str(tmp / "state"),
+            "k26_model_path": str(pair_dir / "target"), "k26_draft_model_path": str(pair_dir / "draft"),
+            "k26_dflash_block_size": 4, "k26_port": 39999}
+    base.update(overrides)
+    return run([str(BIN / "ansible-playbook"), "-i", "localhost,", "tests/ansible/preflight.yml",
+                "-e", json.dumps(base)], tmp)
+
+
+def test_preflight_passes_good_settings(tmp_path, pair_dir):
+    r = preflight(tmp_path, pair_dir, {})
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_PREFLIGHT)
+def test_preflight_rejects_bad_settings_with_the_fix(tmp_path, pair_dir, overrides, message):
+    r = preflight(tmp_path, pair_dir, overrides)
+    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    assert r.returncode != 0
+    assert message in out, out[-3000:]
