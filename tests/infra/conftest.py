@@ -1,0 +1,73 @@
+"""The sandbox host, converged with `ansible-playbook deploy.yml` once per session.
+
+Needs root, systemd-nspawn and debootstrap (`make test` brings the sandbox up first).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+CACHE = Path(os.environ.get("K26_CACHE", Path.home() / ".cache" / "k26-ddtree"))
+SANDBOX = Path(os.environ.get("K26_SANDBOX_DIR", CACHE / "sandbox"))
+
+
+@dataclass
+class Play:
+    rc: int
+    out: str
+    seconds: float
+
+    def recap(self) -> dict[str, int]:
+        line = re.search(r"sandbox\s+:\s+(ok=.*)", self.out)
+        assert line, self.out[-2000:]
+        return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line.group(1))}
+
+
+def deploy(*extra: str, tmp: Path | None = None) -> Play:
+    env = os.environ.copy()
+    scratch = tmp or CACHE / "ansible-test"
+    env.update(PATH=f"{BIN}:{env.get('PATH', '')}", ANSIBLE_HOME=str(scratch / "home"),
+               ANSIBLE_LOCAL_TEMP=str(scratch / "tmp"), ANSIBLE_NOCOLOR="1")
+    t0 = time.perf_counter()
+    r = subprocess.run([str(BIN / "ansible-playbook"), "deploy.yml", *extra], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1800)
+    return Play(r.returncode, r.stdout + r.stderr, time.perf_counter() - t0)
+
+
+def guest(cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-F", str(SANDBOX / "ssh_config"), "k26-sandbox", cmd], capture_output=True,
+                          text=True, timeout=120, check=check)
+
+
+@pytest.fixture(scope="session")
+def sandbox_up():
+    r = subprocess.run([str(ROOT / "tools" / "sandbox.sh"), "status"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail("the sandbox host is not running: run `make sandbox` (make test does it)")
+    return SANDBOX
+
+
+@pytest.fixture(scope="session")
+def converged(sandbox_up) -> tuple[Play, Play]:
+    first = deploy()
+    assert first.rc == 0, first.out[-5000:]
+    second = deploy()
+    assert second.rc == 0, second.out[-5000:]
+    return first, second
+
+
+@pytest.fixture(scope="session")
+def host(converged):
+    import testinfra
+
+    return testinfra.get_host("ssh://k26-sandbox", ssh_config=str(SANDBOX / "ssh_config"))

@@ -1,0 +1,114 @@
+"""testinfra: the sandbox host is in the state deploy.yml promises; failures change nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .conftest import deploy, guest
+
+API_KEY = "sandbox-demo-key"
+
+
+def test_second_converge_changes_nothing(converged):
+    first, second = converged
+    assert second.recap()["changed"] == 0, second.out[-3000:]
+    assert second.seconds <= 60, f"idempotent re-run took {second.seconds:.0f} s"
+    assert "healthy on port 30000" in first.out
+
+
+def test_no_secret_in_the_play_output(converged):
+    for play in converged:
+        assert API_KEY not in play.out
+
+
+def test_unit_file(host):
+    unit = host.file("/etc/systemd/system/k26-ddtree.service")
+    assert unit.user == "root" and unit.group == "root" and unit.mode == 0o644
+    assert "ExecStart=/opt/k26/venv/bin/ddtree-serve" in unit.content_string
+    assert "--speculative-ddtree-budget 16" in unit.content_string
+    assert "User=k26" in unit.content_string and API_KEY not in unit.content_string
+
+
+def test_env_file_holds_the_key_and_is_private(host):
+    env = host.file("/etc/k26/k26-ddtree.env")
+    assert env.user == "root" and env.group == "k26" and env.mode == 0o640
+    assert f"K26_API_KEY={API_KEY}" in env.content_string
+
+
+def test_service_enabled_and_running_as_k26(host):
+    svc = host.service("k26-ddtree")
+    assert svc.is_enabled and svc.is_running
+    pid = host.check_output("systemctl show -p MainPID --value k26-ddtree")
+    assert host.check_output(f"ps -o user= -p {pid}").strip() == "k26"
+    user = host.user("k26")
+    assert user.shell == "/usr/sbin/nologin"
+
+
+def test_port_listening_and_health(host):
+    assert host.socket("tcp://127.0.0.1:30000").is_listening
+    assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health") == "200"
+
+
+def test_smoke_completion_answered(host):
+    body = json.dumps({"prompt": "hello", "max_tokens": 5, "temperature": 0})
+    out = host.check_output(
+        f"curl -s -H 'Authorization: Bearer {API_KEY}' -H 'content-type: application/json' "
+        f"-d '{body}' http://127.0.0.1:30000/v1/completions")
+    assert json.loads(out)["usage"]["completion_tokens"] == 5
+
+
+def test_extension_importable_with_its_entry_point(host):
+    py = "/opt/k26/venv/bin/python"
+    assert host.check_output(f"{py} -c 'import ddtree; print(ddtree.__version__)'") == "0.1.0"
+    eps = host.check_output(f"{py} -c \"from importlib.metadata import entry_points as e; "
+                            f"print([x.value for x in e(group='console_scripts', name='ddtree-serve')])\"")
+    assert "ddtree.serve.cli:main" in eps
+    caches = host.file("/var/lib/k26")
+    assert caches.user == "k26" and caches.is_directory
+
+
+def service_state(host) -> tuple[str, str, str]:
+    pid = host.check_output("systemctl show -p MainPID --value k26-ddtree")
+    unit = host.check_output("stat -c %Y:%s /etc/systemd/system/k26-ddtree.service")
+    env = host.check_output("stat -c %Y:%s /etc/k26/k26-ddtree.env")
+    return pid, unit, env
+
+
+def test_invalid_budget_fails_in_preflight_and_changes_nothing(host, tmp_path):
+    before = service_state(host)
+    play = deploy("-e", "k26_ddtree_budget=0", tmp=tmp_path)
+    assert play.rc != 0
+    assert "k26_ddtree_budget=0 is invalid" in re.sub(r"\s+", " ", play.out)
+    assert "Take the host deploy lock" not in play.out  # stopped before any change
+    assert service_state(host) == before
+
+
+def test_a_config_that_cannot_start_is_rolled_back(host, tmp_path):
+    # a directory that passes preflight (config.json present) but fails at load (broken weights)
+    guest("rm -rf /srv/models/broken && mkdir -p /srv/models/broken && "
+          "cp -r /srv/models/tiny-seed0/target /srv/models/broken/ && "
+          "echo garbage > /srv/models/broken/target/model.safetensors && chmod -R a+rX /srv/models/broken")
+    play = deploy("-e", "k26_model_path=/srv/models/broken/target", "-e", "k26_health_timeout=25", tmp=tmp_path)
+    text = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0
+    assert "rolled back the unit, the env file and the extension wheel" in text and "healthy again" in text, text[-3000:]
+    unit = host.file("/etc/systemd/system/k26-ddtree.service").content_string
+    assert "/srv/models/tiny-seed0/target" in unit and "broken" not in unit
+    assert host.service("k26-ddtree").is_running
+    assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health") == "200"
+    guest("rm -rf /srv/models/broken")
+
+
+def test_a_second_deploy_fails_fast_while_the_lock_is_held(host, tmp_path):
+    holder = guest("exec 9>>/run/lock/k26-deploy.lock; flock -n 9 || exit 75; "
+                   "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo \"$! test-holder\" > "
+                   "/run/lock/k26-deploy.lock.holder; echo $!").stdout.strip()
+    try:
+        play = deploy(tmp=tmp_path)
+        assert play.rc != 0
+        assert "another deploy holds /run/lock/k26-deploy.lock" in play.out and "test-holder" in play.out
+        assert play.seconds < 60
+    finally:
+        guest(f"kill {holder}; rm -f /run/lock/k26-deploy.lock.holder", check=False)
+    assert deploy(tmp=tmp_path).rc == 0  # free again
