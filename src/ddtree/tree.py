@@ -314,11 +314,27 @@ def build_tree(draft_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget:
     """
     _check_build_args(draft_logits, root_tokens, budget, topk_cap)
     k = min(topk_cap, budget, draft_logits.shape[-1])  # more than `budget` children never fit
-    if resolve_backend(backend, draft_logits.device) == "triton":
+    chosen = resolve_backend(backend, draft_logits.device)
+    if chosen == "triton":
         from ddtree import _triton
 
-        return _triton.build_tree(_triton.draft_candidates(draft_logits, k), root_tokens, budget)
-    cand = draft_candidates_torch(draft_logits, k)
+        cand = _triton.draft_candidates(draft_logits, k)
+    else:
+        cand = draft_candidates_torch(draft_logits, k)
+    return build_tree_from_candidates(cand, root_tokens, budget, backend=chosen)
+
+
+def build_tree_from_candidates(cand: Candidates, root_tokens: torch.Tensor, budget: int,
+                               backend: str | None = None) -> DraftTree:
+    """The tree stages after candidate extraction (e.g. candidates merged across TP ranks).
+
+    cand: K = min(topk_cap, budget, V) candidates per depth, best first (see Candidates).
+    """
+    _checks.check_positive_int("budget", budget)
+    if resolve_backend(backend, cand.logp.device) == "triton":
+        from ddtree import _triton
+
+        return _triton.build_tree(cand, root_tokens, budget)
     levels = expand_levels(cand, budget)
     sel = select_nodes(levels, budget)
     return assemble_tree(levels, sel, root_tokens)

@@ -1,0 +1,69 @@
+"""Draft candidates under tensor parallelism: each rank holds a vocabulary shard.
+
+Each rank takes the top-k of its shard (by logit, ties to the smaller global id) and its local
+log-normaliser; one all-gather brings every rank's (values, global ids, normaliser); every rank
+then merges identically: global log-normaliser = logsumexp of the local ones, candidates = the
+top-k of the gathered values. The result equals draft_candidates_torch on the full vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ddtree.tree import MASK32, Candidates, order_key
+
+
+@dataclass(frozen=True)
+class ShardCandidates:
+    """One rank's contribution: its top-k logits with global ids, and its log-normaliser."""
+
+    logits: torch.Tensor  # float32 [bs, L, k]  raw logits of the shard's best tokens (-inf if fewer)
+    ids: torch.Tensor     # int64   [bs, L, k]  global token ids
+    log_z: torch.Tensor   # float32 [bs, L]     logsumexp over the shard
+
+
+def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int) -> ShardCandidates:
+    """shard_logits [bs, L, Vs] (this rank's columns vocab_start .. vocab_start + Vs - 1)."""
+    x = shard_logits.float()
+    vs = x.shape[-1]
+    kk = min(k, vs)
+    global_ids = torch.arange(vocab_start, vocab_start + vs, device=x.device)
+    top = order_key(x, global_ids).topk(kk, dim=-1).values                   # [bs, L, kk]
+    ids = MASK32 - (top & MASK32)
+    logits = x.gather(-1, ids - vocab_start)
+    if kk < k:  # a shard narrower than k: pad with impossible candidates
+        pad = k - kk
+        logits = torch.cat([logits, logits.new_full((*logits.shape[:-1], pad), float("-inf"))], dim=-1)
+        ids = torch.cat([ids, ids.new_full((*ids.shape[:-1], pad), 2**31 - 1)], dim=-1)
+    return ShardCandidates(logits=logits, ids=ids, log_z=torch.logsumexp(x, dim=-1))
+
+
+def merge_shards(logits: torch.Tensor, ids: torch.Tensor, log_z: torch.Tensor, k: int) -> Candidates:
+    """Merge gathered shards: logits/ids [W, bs, L, k], log_z [W, bs, L] -> Candidates (K = k)."""
+    world, bs, depth, kk = logits.shape
+    flat_logits = logits.permute(1, 2, 0, 3).reshape(bs, depth, world * kk)  # [bs, L, W*k]
+    flat_ids = ids.permute(1, 2, 0, 3).reshape(bs, depth, world * kk)
+    pick = order_key(flat_logits, flat_ids).topk(k, dim=-1).indices
+    best = flat_logits.gather(-1, pick)
+    total_z = torch.logsumexp(log_z, dim=0)                                  # [bs, L]
+    logp = torch.where(torch.isfinite(best), best - total_z[..., None], float("-inf"))
+    return Candidates(logp=logp, tokens=flat_ids.gather(-1, pick))
+
+
+def tp_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int, group=None) -> Candidates:
+    """All ranks: local top-k, one all-gather (packed into one float64 tensor), identical merge."""
+    import torch.distributed as dist
+
+    local = shard_candidates(shard_logits, k, vocab_start)
+    # pack: [logits (k) | ids (k) | log_z (1)] per (b, d); float64 holds ids < 2**53 exactly
+    packed = torch.cat([local.logits.double(), local.ids.double(), local.log_z.double()[..., None]], dim=-1)
+    world = dist.get_world_size(group)
+    parts = [torch.empty_like(packed) for _ in range(world)]
+    dist.all_gather(parts, packed, group=group)  # gloo (CPU tests) and NCCL alike
+    out = torch.stack(parts)                                                  # [W, bs, L, 2k+1]
+    logits = out[..., :k].float()
+    ids = out[..., k:2 * k].long()
+    log_z = out[..., 2 * k].float()
+    return merge_shards(logits, ids, log_z, k)
