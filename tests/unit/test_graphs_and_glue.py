@@ -1,0 +1,82 @@
+"""Graph-buffer checks name the field; SGLang glue against hand-computed examples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree import build_tree, verify_tree
+from ddtree.graphs import FirstUseChecker, GraphBufferError, check_copy_sources
+from ddtree.sglang.glue import accept_from_verdict, verify_inputs
+
+
+def test_none_source_is_named():
+    dst = torch.zeros(8, dtype=torch.int64)
+    with pytest.raises(GraphBufferError, match="'num_token_non_padded' is None"):
+        check_copy_sources([("positions", torch.zeros(4, dtype=torch.int64), dst),
+                            ("num_token_non_padded", None, torch.zeros(1, dtype=torch.int32))], "replay bs=4")
+
+
+def test_misshaped_and_mistyped_sources_are_named():
+    dst = torch.zeros(8, 3)
+    with pytest.raises(GraphBufferError, match=r"'input_embeds' has shape \(9, 3\)"):
+        check_copy_sources([("input_embeds", torch.zeros(9, 3), dst)], "capture")
+    with pytest.raises(GraphBufferError, match=r"'input_embeds' has shape \(4, 2\)"):
+        check_copy_sources([("input_embeds", torch.zeros(4, 2), dst)], "capture")
+    with pytest.raises(GraphBufferError, match="'out_cache_loc' has dtype torch.int32"):
+        check_copy_sources([("out_cache_loc", torch.zeros(4, dtype=torch.int32), torch.zeros(8, dtype=torch.int64))],
+                           "capture")
+    check_copy_sources([("ok", torch.zeros(4, 3), dst)], "capture")  # fits: no error
+
+
+def test_first_use_checker_checks_each_shape_once():
+    chk = FirstUseChecker()
+    dst = torch.zeros(8)
+    chk([("x", torch.zeros(4), dst)], "replay")
+    chk([("x", torch.zeros(4), dst)], "replay")
+    with pytest.raises(GraphBufferError):
+        chk([("x", None, dst)], "replay")
+
+
+def two_request_tree():
+    """Request 0: root -> 5 -> 7, root -> 0; request 1: root -> 6 -> 3, root -> 2. N = 4 (budget 3)."""
+    logits = torch.full((2, 2, 10), -20.0)
+    logits[0, 0, 5], logits[0, 1, 7] = 5.0, 5.0                       # a sure chain for request 0
+    logits[1, 0, 6], logits[1, 0, 2] = 5.0, 4.0                       # two first tokens for request 1
+    logits[1, 1, 3] = 5.0
+    return build_tree(logits, torch.tensor([9, 8]), budget=3, topk_cap=2)
+
+
+def test_verify_inputs_by_hand():
+    tree = two_request_tree()
+    assert tree.tokens.tolist() == [[9, 5, 7, 0], [8, 6, 3, 2]]
+    assert tree.parents.tolist() == [[-1, 0, 1, 0], [-1, 0, 1, 0]]
+    prefix = torch.tensor([3, 1])
+    vi = verify_inputs(tree, prefix, [3, 1])
+    assert vi.draft_token_num == 4 and vi.draft_tokens.tolist() == [9, 5, 7, 0, 8, 6, 3, 2]
+    assert vi.positions.tolist() == [3, 4, 5, 4, 1, 2, 3, 2]
+    assert vi.custom_mask.numel() == (3 + 4) * 4 + (1 + 4) * 4
+    m0 = vi.custom_mask[: 7 * 4].view(4, 7)
+    assert m0[:, :3].all()                                          # the prefix is visible to every node
+    assert m0[:, 3:].tolist() == tree.ancestor_mask[0].tolist()
+    assert m0[2, 3:].tolist() == [True, True, True, False]          # node 2 (7) sees root, 5 and itself
+    m1 = vi.custom_mask[7 * 4:].view(4, 5)
+    assert m1[:, :1].all() and m1[:, 1:].tolist() == tree.ancestor_mask[1].tolist()
+    assert m1[2, 1:].tolist() == [True, True, True, False]           # node 2 (3) under node 1 (6)
+    assert m1[3, 1:].tolist() == [True, False, False, True]          # node 3 (2) under the root
+
+
+def test_accept_mapping_by_hand():
+    tree = two_request_tree()
+    target = torch.full((2, 4, 10), -9.0)
+    # request 0 accepts 5 then 7, bonus 1; request 1 accepts 2 (node 3, second child of the root), bonus 4
+    target[0, 0, 5], target[0, 1, 7], target[0, 2, 1] = 9.0, 9.0, 9.0
+    target[1, 0, 2], target[1, 3, 4] = 9.0, 9.0
+    verdict = verify_tree(tree, target, 0.0)
+    acc = accept_from_verdict(verdict, 4)
+    assert acc.accept_index.tolist() == [[0, 1, 2], [4, 7, -1]]
+    assert acc.accept_length.tolist() == [2, 1]
+    want = torch.zeros(8, dtype=torch.int64)
+    want[0], want[1], want[2] = 5, 7, 1
+    want[4], want[7] = 2, 4
+    assert acc.predict.tolist() == want.tolist()
