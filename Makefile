@@ -10,10 +10,12 @@ VENV := $(CACHE)/venv-test-$(REQ_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
+SGLANG_HASH := $(shell cat requirements/sglang-test.txt | sha256sum | cut -c1-12)
+SGLANG_VENV := $(CACHE)/venv-sglang-$(SGLANG_HASH)
 SANDBOX_MODEL := $(CACHE)/models/tiny-seed0
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: help venv test test-unit test-fast clean-venv sandbox sandbox-down deploy lint
+.PHONY: help venv sglang-venv test test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
@@ -38,11 +40,28 @@ venv: $(VENV)/.ready
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-fast: venv
-	$(PY) -m pytest tests --ignore=tests/infra $(PYTEST_ARGS)
+# The pinned SGLang (about 11 GB) in its own cached venv, for the plugin's contract tests.
+$(SGLANG_VENV)/.ready: requirements/sglang-test.txt
+	@echo ">> creating SGLang contract venv $(SGLANG_VENV) (first time: ~5 min, ~11 GB)"
+	rm -rf $(SGLANG_VENV)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q -r requirements/sglang-test.txt 2>&1 | grep -v "^WARNING: Location" || true
+	$(SGLANG_VENV)/bin/python -c "import sglang.srt.server_args"
+	touch $@
 
-test: venv sandbox
-	$(ANSIBLE_ENV) $(PY) -m pytest tests $(PYTEST_ARGS)
+sglang-venv: $(SGLANG_VENV)/.ready
+	$(SGLANG_VENV)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" || true
+
+test-fast: venv
+	$(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
+
+test-sglang: sglang-venv
+	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
+
+test: venv sandbox sglang-venv
+	$(ANSIBLE_ENV) $(PY) -m pytest tests --ignore=tests/sglang $(PYTEST_ARGS)
+	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
 $(SANDBOX_MODEL)/target/config.json: | venv
 	$(PY) -m ddtree.reference.init --out $(SANDBOX_MODEL) --seed 0 --preset tiny

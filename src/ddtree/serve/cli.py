@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuda-graph-max-bs-decode", type=int, default=None,
                     help="largest decode batch captured in a CUDA graph (recorded; the reference engine "
                          "decodes eagerly on the CPU)")
-    ap.add_argument("--cuda-graph-backend-decode", choices=["cuda", "disabled"], default=None,
+    ap.add_argument("--cuda-graph-backend-decode", choices=["full", "breakable", "disabled"], default=None,
                     help="'disabled' turns decode CUDA graphs off (recorded; see --cuda-graph-max-bs-decode)")
     ap.add_argument("--graceful-timeout", type=float, default=600.0,
                     help="seconds to wait for in-flight requests after SIGTERM")

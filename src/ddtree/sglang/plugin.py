@@ -1,0 +1,92 @@
+"""Entry point `ddtree.sglang.plugin:register` (group `sglang.srt.plugins`, name `ddtree`).
+
+Called by SGLang 0.5.23's load_plugins() in the launcher before argument parsing and in every
+scheduler process. Nothing of the installed SGLang is patched: the overrides are registered
+hooks and a CustomSpecAlgo subclass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ddtree.sglang.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings, validate
+
+log = logging.getLogger(__name__)
+ALGORITHM = "DDTREE"
+_registered = False
+
+
+def add_ddtree_cli_args(result, *args, **kwargs):
+    """AFTER hook on sglang 0.5.23 ServerArgs.add_cli_args(parser): the DDTree flag group."""
+    parser = next(a for a in list(args) + list(kwargs.values()) if isinstance(a, argparse.ArgumentParser))
+    group = parser.add_argument_group("DDTree speculative decoding (k26-ddtree plugin)")
+    group.add_argument("--speculative-ddtree-budget", type=int, default=DEFAULT_BUDGET,
+                       help="draft-tree nodes verified per step (1..1023); budget = block size - 1 with "
+                            "top-k cap 1 is the DFlash chain")
+    group.add_argument("--speculative-ddtree-topk-cap", type=int, default=DEFAULT_TOPK_CAP,
+                       help="candidate tokens per depth (1..budget)")
+    return result
+
+
+def capture_ddtree_cli_values(result, *args, **kwargs):
+    """AFTER hook on sglang 0.5.23 ServerArgs.from_cli_args(args): hand the values to the schedulers.
+
+    from_cli_args copies only ServerArgs' own fields; the spawned scheduler processes inherit
+    the environment, so the two values travel as SGLANG_DDTREE_BUDGET / SGLANG_DDTREE_TOPK_CAP.
+    """
+    ns = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, argparse.Namespace)), None)
+    if ns is not None and hasattr(ns, "speculative_ddtree_budget"):
+        DDTreeSettings(budget=ns.speculative_ddtree_budget, topk_cap=ns.speculative_ddtree_topk_cap).to_env()
+    return result
+
+
+def validate_server_args(server_args) -> None:
+    """SGLang's per-algorithm validation hook: the settings and the server flags DDTREE needs."""
+    validate(DDTreeSettings.from_env(), server_args)
+
+
+def spec_class():
+    """A CustomSpecAlgo that answers like DFlash where SGLang sizes and captures target verify."""
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    class DDTreeSpec(CustomSpecAlgo):
+        # sglang 0.5.23 spec_info.SpeculativeAlgorithm.is_dflash_family: DFlash-style draft KV,
+        # target hidden-state capture and target-verify graphs
+        def is_dflash_family(self) -> bool:
+            return True
+
+        # sglang 0.5.23 SpeculativeAlgorithm.supports_target_verify_for_draft (DFlash: True)
+        def supports_target_verify_for_draft(self) -> bool:
+            return True
+
+        # sglang 0.5.23 CustomSpecAlgo.get_num_tokens_per_req_for_target_verify: budget + 1 per
+        # request, not the block size (the seed's `q.shape[0] != qo_indptr[-1]` at replay)
+        def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+            return DDTreeSettings.from_env().verify_tokens
+
+    return DDTreeSpec
+
+
+def worker_factory(server_args):
+    """SpeculativeAlgorithm factory: the worker class for DDTREE."""
+    from ddtree.sglang.worker import make_worker_class
+
+    return make_worker_class()
+
+
+def register() -> None:
+    """Register the CLI hooks and the DDTREE algorithm (idempotent per process)."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", add_ddtree_cli_args, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", capture_ddtree_cli_values,
+                          HookType.AFTER)
+    SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, validate_server_args=validate_server_args,
+                                  spec_class=spec_class())(worker_factory)
+    _registered = True
+    log.info("k26-ddtree: registered speculative algorithm %s", ALGORITHM)
