@@ -33,13 +33,13 @@ class Play:
         return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line.group(1))}
 
 
-def deploy(*extra: str, tmp: Path | None = None) -> Play:
+def deploy(*extra: str, tmp: Path | None = None, playbook: str = "deploy.yml") -> Play:
     env = os.environ.copy()
     scratch = tmp or CACHE / "ansible-test"
     env.update(PATH=f"{BIN}:{env.get('PATH', '')}", ANSIBLE_HOME=str(scratch / "home"),
                ANSIBLE_LOCAL_TEMP=str(scratch / "tmp"), ANSIBLE_NOCOLOR="1")
     t0 = time.perf_counter()
-    r = subprocess.run([str(BIN / "ansible-playbook"), "deploy.yml", *extra], cwd=ROOT, env=env,
+    r = subprocess.run([str(BIN / "ansible-playbook"), playbook, *extra], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1800)
     return Play(r.returncode, r.stdout + r.stderr, time.perf_counter() - t0)
 

@@ -1,0 +1,91 @@
+"""snapshot.yml and playbooks/rollback.yml on the sandbox host (a scratch snapshot repository)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from .conftest import deploy, guest
+
+API_KEY = "sandbox-demo-key"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, converged):
+    return tmp_path_factory.mktemp("snapshots") / "repo"
+
+
+def snapshot(repo, tmp, *extra):
+    return deploy("-e", f"k26_snapshot_repo={repo}", *extra, tmp=tmp, playbook="snapshot.yml")
+
+
+def git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def server_budget() -> int:
+    out = guest(f"curl -s -H 'Authorization: Bearer {API_KEY}' http://127.0.0.1:30000/server_info").stdout
+    return json.loads(out)["budget"]
+
+
+def test_snapshot_commits_and_tags_the_healthy_state(repo, tmp_path):
+    play = snapshot(repo, tmp_path, "-e", "snapshot_tag=base-16")
+    assert play.rc == 0, play.out[-3000:]
+    assert git(repo, "tag", "-l") == "base-16\n"
+    message = git(repo, "tag", "-n9", "base-16")
+    assert "healthy: True" in message and "smoke tokens/s:" in message and "accept length:" in message
+    files = set(git(repo, "ls-tree", "-r", "--name-only", "base-16").split())
+    for name in ("k26-ddtree.service", "k26-ddtree.env.redacted", "pip-freeze.txt", "sglang-version.txt",
+                 "manifest.json", "model-config.json", "draft-config.json", "wheel.sha256",
+                 "wheel/k26_ddtree-0.1.0-py3-none-any.whl", "wheel-src/ddtree/tree.py"):
+        assert f"sandbox/{name}" in files, name
+    manifest = json.loads(git(repo, "show", "base-16:sandbox/manifest.json"))
+    assert manifest["healthy"] is True and manifest["settings"]["ddtree_budget"] == 16
+    grep = subprocess.run(["git", "-C", str(repo), "grep", "-I", API_KEY, "base-16"], capture_output=True, text=True)
+    assert grep.returncode == 1, "the API key leaked into the snapshot"
+    assert "K26_API_KEY=<redacted>" in git(repo, "show", "base-16:sandbox/k26-ddtree.env.redacted")
+
+
+def test_an_unchanged_host_adds_no_commit_and_tags_are_never_moved(repo, tmp_path):
+    before = git(repo, "rev-list", "--count", "HEAD")
+    play = snapshot(repo, tmp_path, "-e", "snapshot_tag=again-16")
+    assert play.rc == 0 and "again-16: unchanged" in play.out
+    assert git(repo, "rev-list", "--count", "HEAD") == before
+    dup = snapshot(repo, tmp_path, "-e", "snapshot_tag=base-16")
+    assert dup.rc != 0 and "tag base-16 already exists" in re.sub(r"\s+", " ", dup.out)
+    assert git(repo, "rev-parse", "base-16^{commit}") == git(repo, "rev-parse", "again-16^{commit}")
+
+
+def test_an_unhealthy_service_is_refused_unless_forced(repo, tmp_path):
+    guest("systemctl stop k26-ddtree")
+    try:
+        refused = snapshot(repo, tmp_path, "-e", "snapshot_tag=down", "-e", "k26_health_timeout=5")
+        assert refused.rc != 0 and "refusing to snapshot" in refused.out
+        assert "down" not in git(repo, "tag", "-l").split()
+        forced = snapshot(repo, tmp_path, "-e", "snapshot_tag=down-forced", "-e", "k26_health_timeout=5",
+                          "-e", "snapshot_force=true")
+        assert forced.rc == 0, forced.out[-3000:]
+        assert "UNHEALTHY (forced)" in git(repo, "tag", "-n9", "down-forced")
+        assert json.loads(git(repo, "show", "down-forced:sandbox/manifest.json"))["healthy"] is False
+    finally:
+        guest("systemctl start k26-ddtree")
+        guest("for i in $(seq 60); do curl -sf -o /dev/null http://127.0.0.1:30000/health && exit 0; sleep 1; done; exit 1")
+
+
+def test_rollback_restores_an_earlier_snapshot(repo, tmp_path):
+    changed = deploy("-e", "k26_ddtree_budget=8", tmp=tmp_path)
+    assert changed.rc == 0 and server_budget() == 8
+    play = deploy("-e", f"k26_snapshot_repo={repo}", "-e", "snapshot_tag=base-16", tmp=tmp_path,
+                  playbook="playbooks/rollback.yml")
+    assert play.rc == 0, play.out[-3000:]
+    assert server_budget() == 16
+    unit = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
+    assert "--speculative-ddtree-budget 16" in unit
+    env = guest("cat /etc/k26/k26-ddtree.env").stdout
+    assert f"K26_API_KEY={API_KEY}" in env  # the secret came from the inventory, not the snapshot
+    unknown = deploy("-e", f"k26_snapshot_repo={repo}", "-e", "snapshot_tag=nope", tmp=tmp_path,
+                     playbook="playbooks/rollback.yml")
+    assert unknown.rc != 0 and "snapshot_tag=nope is not a tag" in re.sub(r"\s+", " ", unknown.out)
