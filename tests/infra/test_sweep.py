@@ -1,0 +1,74 @@
+"""playbooks/sweep.yml on the sandbox host: results, the original restored, the lock, an interrupted run."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import time
+
+from .conftest import BIN, ROOT, deploy, guest
+
+SMALL = '{"sweep_budgets": [4, 8, 16], "sweep_topk_caps": [4], "sweep_max_tokens": 12, "sweep_concurrency": 2}'
+
+
+def original_is_running() -> None:
+    unit = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
+    assert "--speculative-ddtree-budget 16" in unit and "--speculative-ddtree-topk-cap 4" in unit
+    health = guest("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout
+    assert health == "200"
+    assert guest("test -e /var/lib/k26-rollback/sweep-in-progress", check=False).returncode != 0
+
+
+def test_sweep_writes_results_and_restores_the_original(converged, tmp_path):
+    play = deploy("-e", SMALL, "-e", f"sweep_results_root={tmp_path}", tmp=tmp_path / "a", playbook="playbooks/sweep.yml")
+    assert play.rc == 0, play.out[-4000:]
+    [run] = [p for p in tmp_path.iterdir() if p.name.endswith("Z")]
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    assert {(r["budget"], r["temperature"]) for r in rows} == {(b, t) for b in ("4", "8", "16") for t in ("0.0", "0.7")}
+    assert all(r["status"] == "ok" and float(r["tokens_per_s"]) > 0 and r["errors"] == "0" for r in rows)
+    assert "Best at temperature 0" in (run / "results.md").read_text()
+    assert (run / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "best" in play.out
+    original_is_running()
+
+
+def test_sweep_fails_fast_while_the_lock_is_held(converged, tmp_path):
+    holder = guest("exec 9>>/run/lock/k26-deploy.lock; flock -n 9 || exit 75; setsid sleep 300 </dev/null "
+                   ">/dev/null 2>&1 & echo \"$! someone-else@elsewhere pid 1 since now\" > "
+                   "/run/lock/k26-deploy.lock.holder; echo $!").stdout.strip()
+    try:
+        play = deploy("-e", SMALL, "-e", f"sweep_results_root={tmp_path}", tmp=tmp_path / "a",
+                      playbook="playbooks/sweep.yml")
+        assert play.rc != 0 and "another deploy holds /run/lock/k26-deploy.lock" in play.out
+        assert "someone-else@elsewhere" in play.out and play.seconds < 60
+    finally:
+        guest(f"kill {holder}; rm -f /run/lock/k26-deploy.lock.holder", check=False)
+    original_is_running()
+
+
+def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
+    env = os.environ.copy()
+    env.update(PATH=f"{BIN}:{env['PATH']}", ANSIBLE_HOME=str(tmp_path / "home"), ANSIBLE_NOCOLOR="1")
+    log = (tmp_path / "killed.log").open("w")
+    proc = subprocess.Popen([str(BIN / "ansible-playbook"), "playbooks/sweep.yml", "-e", SMALL, "-e",
+                             f"sweep_results_root={tmp_path}"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.time() + 180
+    while time.time() < deadline:  # kill it once the first sweep configuration is being applied
+        unit = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
+        if "--speculative-ddtree-budget 4" in unit:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert guest("test -e /var/lib/k26-rollback/sweep-in-progress", check=False).returncode == 0
+    play = deploy("-e", '{"sweep_budgets": [16], "sweep_topk_caps": [4], "sweep_max_tokens": 8}', "-e",
+                  f"sweep_results_root={tmp_path}", tmp=tmp_path / "b", playbook="playbooks/sweep.yml")
+    text = re.sub(r"\s+", " ", play.out)
+    assert play.rc == 0, text[-3000:]
+    assert "End the dead run's lock holder" in text  # the killed run's lock was taken over
+    assert "restoring the configuration an interrupted sweep left" in text
+    original_is_running()
