@@ -1,0 +1,102 @@
+"""Client of the local k26-ddtree service for the verify role and the sweep (standard library only).
+
+  python3 k26_client.py smoke URL MODEL MAX_TOKENS PROMPT
+      temperature 0 twice (must match), then 0.7 (must answer); prints one JSON line
+  python3 k26_client.py load URL MODEL MAX_TOKENS CONCURRENCY TEMPERATURE
+      a fixed prompt set with CONCURRENCY parallel requests; prints tokens/s, accept length,
+      latency p50/p95 and errors as one JSON line
+The API key is read from the K26_API_KEY environment variable.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+PROMPTS = [
+    "Write a Python function that reverses a linked list.",
+    "What is 17 times 23? Show the steps.",
+    "Summarise the plot of Hamlet in two sentences.",
+    "Explain speculative decoding to a new engineer.",
+    "List three uses of a hash map.",
+    "Translate 'good morning, how are you?' into French.",
+    "def fibonacci(n):",
+    "Write a haiku about GPUs.",
+]
+
+
+def chat(url: str, model: str, max_tokens: int, prompt: str, temperature: float, seed=None) -> dict:
+    """One chat completion; returns the response plus its wall time, or {'error': ...}."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": temperature, "return_spec_tokens_details": True}
+    if seed is not None:
+        body["seed"] = seed
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json",
+                                          "authorization": "Bearer " + os.environ.get("K26_API_KEY", "")})
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            out = json.load(resp)
+    except urllib.error.HTTPError as err:
+        return {"error": f"HTTP {err.code}: {err.read().decode(errors='replace')[:1500]}",
+                "seconds": time.perf_counter() - t0}
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        return {"error": str(err)[:300], "seconds": time.perf_counter() - t0}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def accept_length(out: dict):
+    return out.get("sglext", {}).get("spec_tokens_details", {}).get("spec_accept_length")
+
+
+def smoke(url: str, model: str, max_tokens: int, prompt: str) -> None:
+    answers = [chat(url, model, max_tokens, prompt, t, seed=0) for t in (0.0, 0.0, 0.7)]
+    failed = [a["error"] for a in answers if "error" in a]
+    if failed:
+        sys.exit(f"smoke request failed: {failed[0]}")
+    texts = [a["choices"][0]["message"]["content"] for a in answers]
+    tokens = [a["usage"]["completion_tokens"] for a in answers]
+    print(json.dumps({"texts": texts, "tokens": tokens, "tokens_per_s": round(tokens[0] / answers[0]["seconds"], 1),
+                      "accept_length": accept_length(answers[0])}))
+    if min(tokens) == 0:
+        sys.exit(f"an answer was empty: {texts}")
+    if texts[0] != texts[1]:
+        sys.exit(f"temperature 0 is not deterministic: {texts[0]!r} then {texts[1]!r}")
+
+
+def load(url: str, model: str, max_tokens: int, concurrency: int, temperature: float) -> None:
+    chat(url, model, 4, PROMPTS[0], temperature)  # warm-up
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda p: chat(url, model, max_tokens, p, temperature), PROMPTS))
+    wall = time.perf_counter() - t0
+    ok = [r for r in results if "error" not in r]
+    lat = sorted(r["seconds"] for r in ok) or [0.0]
+    accept = [a for a in map(accept_length, ok) if a is not None]
+    print(json.dumps({
+        "temperature": temperature, "concurrency": concurrency, "requests": len(results),
+        "errors": len(results) - len(ok),
+        "tokens_per_s": round(sum(r["usage"]["completion_tokens"] for r in ok) / wall, 1),
+        "accept_length": round(statistics.mean(accept), 3) if accept else None,
+        "latency_p50_s": round(lat[len(lat) // 2], 3),
+        "latency_p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 3),
+    }))
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 6 and argv[1] == "smoke":
+        smoke(argv[2], argv[3], int(argv[4]), argv[5])
+    elif len(argv) == 7 and argv[1] == "load":
+        load(argv[2], argv[3], int(argv[4]), int(argv[5]), float(argv[6]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
