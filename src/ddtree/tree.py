@@ -100,7 +100,7 @@ class DraftTree:
     def eagle_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """SGLang's EAGLE tree layout, each int64 [bs, N].
 
-        retrive_index[b, i] = b * N + i for valid nodes, -1 for padding;
+        retrive_index[b, i] = b * N + i (padding too, as SGLang's own tree builders fill it);
         retrive_next_token[b, i] = first child of i (the best-scoring one) or -1;
         retrive_next_sibling[b, i] = the next child of i's parent in node order, or -1.
         """
@@ -272,8 +272,7 @@ def eagle_layout(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     succ = torch.where(same, order[:, 1:], -1)
     next_sibling = torch.full((bs, n), -1, dtype=torch.int64, device=dev)
     next_sibling.scatter_(1, order[:, :-1], succ)
-    batch_off = torch.arange(bs, device=dev)[:, None] * n
-    retrive_index = torch.where(ix < tree.num_nodes[:, None], batch_off + ix, -1)
+    retrive_index = torch.arange(bs, device=dev)[:, None] * n + ix   # padding is never reached by a walk
     return retrive_index, next_token, next_sibling
 
 
