@@ -150,3 +150,20 @@ def test_init_cli_is_deterministic_and_loadable(tmp_path):
 def test_load_pair_names_the_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_pair(tmp_path / "nowhere")
+
+
+def test_logprobs_are_the_targets_and_the_test_corruption_changes_the_output(pair8, ar_out):
+    dec = Decoder(pair8, "ddtree", 8, 2)
+    state = dec.start([PROMPTS[0]], [RequestParams(max_new_tokens=64, logprobs_top=3)])
+    while not state.done:
+        dec.step(state)
+    gen = state.outputs[0]
+    assert gen.tokens == ar_out[0].tokens and len(gen.logprobs) == 64
+    for tok, (lp, top) in zip(gen.tokens, gen.logprobs):
+        assert top[0][0] == tok and lp == pytest.approx(top[0][1]) and top[0][1] >= top[1][1] >= top[2][1]
+    broken = Decoder(pair8, "ddtree", 8, 2, corrupt_every=3)
+    state = broken.start([PROMPTS[0]], [RequestParams(max_new_tokens=64)])
+    while not state.done:
+        broken.step(state)
+    assert state.outputs[0].tokens != ar_out[0].tokens
+    assert Decoder(pair8, "ar", corrupt_every=3).corrupt_every == 0  # never the baseline

@@ -213,3 +213,25 @@ def test_missing_model_and_block_size_mismatch_exit_2(pair_dir, tmp_path):
                         str(pair_dir / "draft"), "--speculative-dflash-block-size", "8"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "does not match the draft's block_size 4" in r.stderr
+
+
+def test_native_generate_returns_ids_and_logprobs(server):
+    pair = load_pair(server.pair_dir, dtype=torch.float64)
+    prompt = pair.tokenizer.encode("logprobs")
+    want = generate(pair, [prompt], max_new_tokens=9, method="ddtree", budget=16, topk_cap=4,
+                    stop_token_ids=[pair.tokenizer.eos_token_id])[0]
+    with server.client() as c:
+        r = c.post("/generate", json={"input_ids": prompt, "return_logprob": True, "top_logprobs_num": 2,
+                                      "sampling_params": {"max_new_tokens": 9, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert c.post("/generate", json={"text": "a", "input_ids": [1]}).status_code == 400
+        assert c.post("/generate", json={"text": "a", "stream": True}).status_code == 400
+        assert c.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 0}}).status_code == 400
+    assert out["output_ids"] == want.tokens
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 9 and meta["finish_reason"] == {"type": "length", "length": 9}
+    assert [t for _, t, _ in meta["output_token_logprobs"]] == want.tokens
+    for (lp, tok, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert len(top) == 2 and top[0][0] >= top[1][0]
+        assert top[0][1] == tok and lp == pytest.approx(top[0][0])  # greedy emits the top-1 token

@@ -32,6 +32,8 @@ class Generation:
     num_verify_steps: int             # target passes after prefill
     accept_lengths: list[int]         # accepted draft tokens per step (0 for ar); tokens = that + 1
     finish_reason: str = "length"     # "stop" | "length"
+    # with RequestParams.logprobs_top = k > 0: per token (its target log-prob, [(id, log-prob)] x k)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class RequestParams:
     top_k: int = -1
     min_p: float = 0.0
     stop_token_ids: frozenset[int] = frozenset()
+    logprobs_top: int = 0             # > 0: record each token's target log-prob and the top-k alternatives
 
 
 @dataclass
@@ -69,8 +72,13 @@ def _check(name: str, ok: bool, value, allowed: str) -> None:
 class Decoder:
     """Decodes batches with one pair and one method; `start` then `step` until `state.done`."""
 
-    def __init__(self, pair: Pair, method: str = "ddtree", budget: int = 32, topk_cap: int = 8):
+    def __init__(self, pair: Pair, method: str = "ddtree", budget: int = 32, topk_cap: int = 8,
+                 corrupt_every: int = 0):
+        """corrupt_every: TEST ONLY. Every that many verify steps, replace the emitted bonus token of
+        a speculative method by another token (the engine itself goes on from the real one), so
+        that validation tooling can be shown to catch a broken accepted path. 0 = off."""
         _check("method", method in METHODS, method, f"expected one of {METHODS}")
+        self.corrupt_every = corrupt_every if method != "ar" else 0
         self.pair = pair
         self.method = method
         if method != "ar" and pair.draft is None:
@@ -158,21 +166,30 @@ class Decoder:
     def step(self, state: BatchState) -> list[list[int]]:
         """One target pass for every active request; returns the tokens each request emitted."""
         if self.method == "ar":
-            emitted, accept = self._ar_round(state)
+            emitted, accept, logits = self._ar_round(state)
         else:
-            emitted, accept = self._spec_round(state)
-        return self._commit_host(state, emitted, accept)
+            emitted, accept, logits = self._spec_round(state)
+        top = max(r.logprobs_top for r in state.requests)
+        info = self._logprob_info(logits, emitted, top) if top > 0 else None
+        return self._commit_host(state, emitted, accept, info)
 
-    def _ar_round(self, state: BatchState) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprob_info(self, logits: torch.Tensor, emitted: torch.Tensor, top: int):
+        """logits [bs, E, V] at the emitting nodes -> host lists of (token log-prob, top-k ids, top-k log-probs)."""
+        lsm = torch.log_softmax(logits.float(), dim=-1)                           # [bs, E, V]
+        tok_lp = lsm.gather(-1, emitted.clamp(min=0)[..., None])[..., 0]           # [bs, E]
+        best = lsm.topk(min(top, lsm.shape[-1]), dim=-1)
+        return tok_lp.tolist(), best.indices.tolist(), best.values.tolist()
+
+    def _ar_round(self, state: BatchState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bs = state.roots.shape[0]
         pos = state.lengths[:, None]                                              # [bs, 1]
         mask = torch.arange(state.cache.slots, device=self.device)[None, None, :] <= pos[:, :, None]
         out = self.pair.target(state.roots[:, None], pos, state.cache, pos, mask)
         nxt = node_targets(out.logits, state.params, state.generator)[:, 0]       # [bs]
         self._advance(state, torch.zeros(bs, dtype=torch.int64, device=self.device), nxt)
-        return nxt[:, None], torch.zeros(bs, dtype=torch.int64, device=self.device)
+        return nxt[:, None], torch.zeros(bs, dtype=torch.int64, device=self.device), out.logits
 
-    def _spec_round(self, state: BatchState) -> tuple[torch.Tensor, torch.Tensor]:
+    def _spec_round(self, state: BatchState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         draft_logits = self.pair.draft(state.roots, state.lengths, state.ctx, state.lengths)  # [bs, L, V]
         tree = build_tree(draft_logits, state.roots, budget=self.budget, topk_cap=self.topk_cap)
         out = self._verify_pass(state, tree)
@@ -182,7 +199,9 @@ class Decoder:
                               generator=state.generator)
         self._commit_device(state, out, verdict.accepted)
         self._advance(state, verdict.accept_len, verdict.bonus)
-        return verdict.tokens, verdict.accept_len
+        vocab = out.logits.shape[-1]
+        node_logits = out.logits.gather(1, verdict.accepted.clamp(min=0)[..., None].expand(-1, -1, vocab))
+        return verdict.tokens, verdict.accept_len, node_logits                   # logits [bs, L+1, V]
 
     def _verify_pass(self, state: BatchState, tree: DraftTree) -> TargetOutput:
         """All N tree nodes in one target pass: node i at slot lengths + i, position root + depth."""
@@ -209,9 +228,11 @@ class Decoder:
         state.lengths = torch.where(live, state.lengths + accept_len + 1, state.lengths)
         state.roots = torch.where(live, bonus, state.roots)
 
-    def _commit_host(self, state: BatchState, emitted: torch.Tensor, accept: torch.Tensor) -> list[list[int]]:
+    def _commit_host(self, state: BatchState, emitted: torch.Tensor, accept: torch.Tensor,
+                     info=None) -> list[list[int]]:
         """Append each active request's tokens up to its stop token or limit (one host sync)."""
         rows, accepts = emitted.tolist(), accept.tolist()
+        vocab = self.pair.target.config.vocab_size
         new: list[list[int]] = []
         for b, req in enumerate(state.requests):
             if not state.active[b]:
@@ -221,8 +242,16 @@ class Decoder:
             gen.num_verify_steps += 1
             gen.accept_lengths.append(accepts[b])
             fresh = []
-            for tok in rows[b][: accepts[b] + 1]:
+            step_tokens = rows[b][: accepts[b] + 1]
+            if self.corrupt_every and gen.num_verify_steps % self.corrupt_every == 0:
+                step_tokens[-1] = (step_tokens[-1] + vocab // 2) % vocab          # TEST ONLY, see __init__
+            for j, tok in enumerate(step_tokens):
                 gen.tokens.append(tok)
+                if info is not None and req.logprobs_top > 0:
+                    tok_lp, ids, lps = info
+                    own = tok_lp[b][j] if tok == rows[b][j] else float("-inf")  # a corrupted token: unknown
+                    k = req.logprobs_top
+                    gen.logprobs.append((own, list(zip(ids[b][j][:k], lps[b][j][:k]))))
                 fresh.append(tok)
                 if tok in req.stop_token_ids:
                     gen.finish_reason = "stop"

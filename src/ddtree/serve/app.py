@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -19,7 +20,7 @@ from ddtree import __version__
 from ddtree.reference.engine import Decoder, Generation, RequestParams
 from ddtree.reference.tokenizer import ByteTokenizer
 from ddtree.serve.metrics import ServerMetrics
-from ddtree.serve.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from ddtree.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingFields
 from ddtree.serve.worker import BatchStats, BatchWorker, Event, Job
 
 OPEN_PATHS = ("/health", "/health_generate", "/ready", "/metrics")  # probes need no API key
@@ -174,6 +175,38 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
         return {"object": "list", "data": [{"id": settings.served_model_name, "object": "model", "created": 0,
                                             "owned_by": "k26-ddtree", "root": settings.model_path,
                                             "max_model_len": settings.context_length}]}
+
+    @app.post("/generate")
+    async def generate_native(body: GenerateRequest):
+        """SGLang's native route: output ids, and per-token log-probs with return_logprob."""
+        if body.stream:
+            raise BadRequest("stream=true is not supported on /generate by ddtree-serve: use /v1/completions", "stream")
+        if (body.text is None) == (body.input_ids is None):
+            raise BadRequest("send exactly one of 'text' and 'input_ids'", "text")
+        prompt = tokenizer.encode(body.text) if body.text is not None else list(body.input_ids)
+        sp = body.sampling_params
+        params = request_params(SamplingFields(max_tokens=sp.max_new_tokens, temperature=sp.temperature,
+                                               top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
+                                               stop_token_ids=sp.stop_token_ids), prompt, sp.max_new_tokens)
+        if body.return_logprob:
+            params = dataclasses.replace(params, logprobs_top=max(1, body.top_logprobs_num))
+        tokens: list[int] = []
+        final: Generation | None = None
+        async for event in run(prompt, params, None):
+            if event.error:
+                return JSONResponse(error_body(event.error, "server_error", 500), status_code=500)
+            tokens += event.tokens
+            final = event.final or final
+        meta = {"id": uuid.uuid4().hex, "prompt_tokens": len(prompt), "completion_tokens": len(tokens),
+                "finish_reason": ({"type": "stop", "matched": tokens[-1]} if final and final.finish_reason == "stop"
+                                  else {"type": "length", "length": len(tokens)}),
+                "spec_verify_ct": final.num_verify_steps if final else 0,
+                "spec_accept_length": len(tokens) / max(1, final.num_verify_steps) if final else 0.0}
+        if body.return_logprob and final is not None:
+            meta["output_token_logprobs"] = [[lp, tok, None] for (lp, _), tok in zip(final.logprobs, tokens)]
+            if body.top_logprobs_num > 0:
+                meta["output_top_logprobs"] = [[[v, i, None] for i, v in top] for _, top in final.logprobs]
+        return {"text": tokenizer.decode(tokens), "output_ids": tokens, "meta_info": meta}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):

@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--graceful-timeout", type=float, default=600.0,
                     help="seconds to wait for in-flight requests after SIGTERM")
     ap.add_argument("--log-level", default="info")
+    # TEST ONLY (hidden): corrupt the emitted accepted path every N verify steps, so validation
+    # tooling can be shown to catch a broken speculative path. The production server (sglang) has no such flag.
+    ap.add_argument("--test-corrupt-accepted-path", type=int, default=0, help=argparse.SUPPRESS)
     return ap
 
 
@@ -79,7 +82,7 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
                  f"draft's block_size {block}: omit the flag or use {block}")
     pair = Pair(target=target, draft=draft, tokenizer=tokenizer)
     decoder = Decoder(pair, ALGORITHMS[args.speculative_algorithm], args.speculative_ddtree_budget,
-                      args.speculative_ddtree_topk_cap)
+                      args.speculative_ddtree_topk_cap, corrupt_every=args.test_corrupt_accepted_path)
     graphs = args.cuda_graph_backend_decode != "disabled" and args.device.startswith("cuda")
     if args.cuda_graph_max_bs_decode and not graphs:
         logging.getLogger("ddtree.serve").info("CUDA graphs requested but device=%s: decoding eagerly", args.device)
