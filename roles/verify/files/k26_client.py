@@ -5,6 +5,10 @@
   python3 k26_client.py load URL MODEL MAX_TOKENS CONCURRENCY TEMPERATURE
       a fixed prompt set with CONCURRENCY parallel requests; prints tokens/s, accept length,
       latency p50/p95 and errors as one JSON line
+  python3 k26_client.py validate URL PROMPTS_JSON MAX_TOKENS CONCURRENCY
+      every prompt at temperature 0 through the native /generate route with token ids and top-2
+      log-probs (one at a time), then again with CONCURRENCY in parallel for tokens/s, and the
+      time to first token of a streamed completion; prints one JSON document
 The API key is read from the K26_API_KEY environment variable.
 """
 
@@ -89,11 +93,72 @@ def load(url: str, model: str, max_tokens: int, concurrency: int, temperature: f
     }))
 
 
+def native(url: str, text: str, max_tokens: int, top: int) -> dict:
+    body = {"text": text, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0},
+            "return_logprob": top > 0, "top_logprobs_num": top}
+    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json",
+                                          "authorization": "Bearer " + os.environ.get("K26_API_KEY", "")})
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=1800) as resp:
+            out = json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        return {"error": str(err)[:300], "seconds": time.perf_counter() - t0}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def first_token_seconds(url: str, text: str) -> float | None:
+    body = {"prompt": text, "max_tokens": 8, "temperature": 0, "stream": True}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json",
+                                          "authorization": "Bearer " + os.environ.get("K26_API_KEY", "")})
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            for line in resp:
+                if line.startswith(b"data: ") and b'"text"' in line:
+                    return time.perf_counter() - t0
+    except (urllib.error.URLError, OSError):
+        return None
+    return None
+
+
+def validate(url: str, prompts_file: str, max_tokens: int, concurrency: int) -> None:
+    prompts = json.load(open(prompts_file))
+    per_prompt = []
+    t0 = time.perf_counter()
+    for p in prompts:  # concurrency 1: also the token ids and log-probs compared across configurations
+        out = native(url, p["text"], max_tokens, 2)
+        meta = out.get("meta_info", {})
+        per_prompt.append({"id": p["id"], "error": out.get("error"), "output_ids": out.get("output_ids", []),
+                           "top2": [[[i, lp] for lp, i, _ in top] for top in meta.get("output_top_logprobs", [])],
+                           "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct")})
+    wall1 = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        burst = list(pool.map(lambda p: native(url, p["text"], max_tokens, 0), prompts))
+    wall_n = time.perf_counter() - t0
+    ttft = [t for t in (first_token_seconds(url, p["text"]) for p in prompts[:5]) if t is not None]
+    ok = [p for p in per_prompt if not p["error"]]
+    print(json.dumps({
+        "prompts": per_prompt,
+        "errors": sum(1 for p in per_prompt if p["error"]) + sum(1 for b in burst if "error" in b),
+        "tokens_per_s_c1": round(sum(len(p["output_ids"]) for p in ok) / wall1, 1),
+        "tokens_per_s_cn": round(sum(len(b.get("output_ids", [])) for b in burst) / wall_n, 1),
+        "concurrency": concurrency,
+        "ttft_p50_s": round(statistics.median(ttft), 4) if ttft else None,
+    }))
+
+
 def main(argv: list[str]) -> None:
     if len(argv) == 6 and argv[1] == "smoke":
         smoke(argv[2], argv[3], int(argv[4]), argv[5])
     elif len(argv) == 7 and argv[1] == "load":
         load(argv[2], argv[3], int(argv[4]), int(argv[5]), float(argv[6]))
+    elif len(argv) == 6 and argv[1] == "validate":
+        validate(argv[2], argv[3], int(argv[4]), int(argv[5]))
     else:
         sys.exit(__doc__)
 

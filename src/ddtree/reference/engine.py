@@ -33,7 +33,7 @@ class Generation:
     accept_lengths: list[int]         # accepted draft tokens per step (0 for ar); tokens = that + 1
     finish_reason: str = "length"     # "stop" | "length"
     # with RequestParams.logprobs_top = k > 0: per token (its target log-prob, [(id, log-prob)] x k)
-    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    logprobs: list[tuple[float | None, list[tuple[int, float]]]] = field(default_factory=list)
 
 
 @dataclass
@@ -249,7 +249,7 @@ class Decoder:
                 gen.tokens.append(tok)
                 if info is not None and req.logprobs_top > 0:
                     tok_lp, ids, lps = info
-                    own = tok_lp[b][j] if tok == rows[b][j] else float("-inf")  # a corrupted token: unknown
+                    own = tok_lp[b][j] if tok == rows[b][j] else None  # a corrupted token: not computed
                     k = req.logprobs_top
                     gen.logprobs.append((own, list(zip(ids[b][j][:k], lps[b][j][:k]))))
                 fresh.append(tok)

@@ -1,0 +1,53 @@
+"""playbooks/validate.yml on the sandbox host (reference engine): PASS, and FAIL on a broken path."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .conftest import deploy, guest
+
+QUICK = ["-e", "validate_max_tokens=32", "-e", "validate_concurrency=2"]
+
+
+def runs(root):
+    return sorted(p for p in root.iterdir() if p.name.endswith("Z"))
+
+
+def original_is_running() -> None:
+    unit = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
+    assert "--speculative-algorithm DDTREE" in unit and "--test-corrupt" not in unit
+    assert "--speculative-ddtree-budget 16" in unit
+    assert guest("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
+
+
+def test_validate_passes_with_identical_tokens_and_writes_the_report(converged, tmp_path):
+    play = deploy(*QUICK, "-e", f"validate_results_root={tmp_path}", tmp=tmp_path / "a",
+                  playbook="playbooks/validate.yml")
+    assert play.rc == 0, play.out[-4000:]
+    [run] = runs(tmp_path)
+    report = (run / "report.md").read_text()
+    assert report.startswith("VERDICT: PASS")
+    results = json.loads((run / "results.json").read_text())
+    assert results["verdict"] == "PASS"
+    configs = {c["config"]: c for c in results["configurations"]}
+    assert set(configs) == {"NONE", "DFLASH", "DDTREE-graphs", "DDTREE-eager"}
+    for name in ("DFLASH", "DDTREE-graphs", "DDTREE-eager"):
+        statuses = {v["status"] for v in configs[name]["prompts"].values()}
+        assert statuses == {"identical"} and len(configs[name]["prompts"]) >= 20
+        assert configs[name]["tokens_per_s_c1"] > 0 and configs[name]["errors"] == 0
+    assert (run / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    original_is_running()
+
+
+def test_a_broken_accepted_path_fails_with_the_first_divergence(converged, tmp_path):
+    play = deploy(*QUICK, "-e", f"validate_results_root={tmp_path}", "-e",
+                  '{"k26_extra_args": ["--test-corrupt-accepted-path 2"]}', tmp=tmp_path / "a",
+                  playbook="playbooks/validate.yml")
+    text = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0 and "VERDICT: FAIL" in text
+    [run] = runs(tmp_path)
+    report = (run / "report.md").read_text()
+    assert report.startswith("VERDICT: FAIL")
+    assert re.search(r"DDTREE-eager / [\w-]+: mismatch at token \d+: expected \d+, got \d+", report)
+    original_is_running()
