@@ -8,13 +8,13 @@ wrong-token bug on the production host.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
-
 import pytest
 import torch
 
 from ddtree import build_tree, verify_tree
 from ddtree.sglang.glue import accept_from_verdict, full_mask
+
+from ..helpers import chi_square_pvalue as chi_square_p
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang_kernels]
 tree_ops = pytest.importorskip("sglang.kernels.ops.speculative.tree",
@@ -114,27 +114,6 @@ def exact_emission(tree, probs: torch.Tensor) -> dict[tuple, float]:
 
     walk(0, (), 1.0)
     return out
-
-
-def chi_square_p(samples: list[tuple], want: dict[tuple, float]) -> float:
-    from scipy import stats
-
-    counts = Counter(samples)
-    assert set(counts) <= set(want), "emitted an impossible sequence"
-    total = sum(want.values())
-    want = {k: v / total for k, v in want.items()}
-    cells = sorted(want, key=want.get)
-    obs, exp, acc_o, acc_e = [], [], 0.0, 0.0
-    for s in cells:
-        acc_o += counts.get(s, 0)
-        acc_e += want[s] * len(samples)
-        if acc_e >= 5:
-            obs.append(acc_o)
-            exp.append(acc_e)
-            acc_o = acc_e = 0.0
-    obs[-1] += acc_o
-    exp[-1] += acc_e
-    return float(stats.chisquare(obs, exp).pvalue)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])

@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy import stats
 
 from ddtree.reference import Decoder, RequestParams, generate, load_pair
 from ddtree.reference.target import KVCache
 from ddtree.verify import target_probs
 
+from ..helpers import chi_square_pvalue as chi_square
 from .conftest import small_vocab_pair
 
 PROMPTS = [[0, 2, 3], [0], [0, 5, 6, 2, 3, 4, 1, 2], [0, 3, 3, 3, 3], [0, 6]]
@@ -85,23 +85,6 @@ def exact_ar_distribution(pair, prompt: list[int], length: int, params: dict) ->
     with torch.no_grad():
         rec(list(prompt), (), 1.0)
     return out
-
-
-def chi_square(samples: list[tuple], want: dict[tuple, float]) -> float:
-    counts = Counter(samples)
-    assert set(counts) <= {s for s, p in want.items() if p > 0}
-    cells = sorted(want, key=want.get)
-    obs, exp, acc_o, acc_e = [], [], 0.0, 0.0
-    for s in cells:
-        acc_o += counts.get(s, 0)
-        acc_e += want[s] * len(samples)
-        if acc_e >= 5:
-            obs.append(acc_o)
-            exp.append(acc_e)
-            acc_o = acc_e = 0.0
-    obs[-1] += acc_o
-    exp[-1] += acc_e
-    return float(stats.chisquare(obs, exp).pvalue)
 
 
 PARAMS = dict(temperature=0.9, top_k=4, top_p=0.95, min_p=0.02)

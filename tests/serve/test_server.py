@@ -26,6 +26,15 @@ def completion(client: httpx.Client, prompt, **kw) -> dict:
     return r.json()
 
 
+def engine_alone(server, text: str, max_new_tokens: int):
+    """(pair, prompt ids, Generation) of the same request decoded by the engine alone, in float64."""
+    pair = load_pair(server.pair_dir, dtype=torch.float64)
+    prompt = pair.tokenizer.encode(text)
+    gen = generate(pair, [prompt], max_new_tokens=max_new_tokens, method="ddtree", budget=16, topk_cap=4,
+                   stop_token_ids=[pair.tokenizer.eos_token_id])[0]
+    return pair, prompt, gen
+
+
 def sse_events(response: httpx.Response) -> list:
     events = []
     for line in response.iter_lines():
@@ -66,10 +75,7 @@ def test_metrics_count_verify_calls_and_tokens(server):
 
 
 def test_completion_matches_the_engine_and_reports_spec_details(server):
-    pair = load_pair(server.pair_dir, dtype=torch.float64)
-    prompt = pair.tokenizer.encode("import os\n")
-    want = generate(pair, [prompt], max_new_tokens=12, method="ddtree", budget=16, topk_cap=4,
-                    stop_token_ids=[pair.tokenizer.eos_token_id])[0]
+    pair, prompt, want = engine_alone(server, "import os\n", 12)
     with server.client() as c:
         out = completion(c, "import os\n", return_spec_tokens_details=True)
         by_ids = completion(c, prompt)
@@ -216,10 +222,7 @@ def test_missing_model_and_block_size_mismatch_exit_2(pair_dir, tmp_path):
 
 
 def test_native_generate_returns_ids_and_logprobs(server):
-    pair = load_pair(server.pair_dir, dtype=torch.float64)
-    prompt = pair.tokenizer.encode("logprobs")
-    want = generate(pair, [prompt], max_new_tokens=9, method="ddtree", budget=16, topk_cap=4,
-                    stop_token_ids=[pair.tokenizer.eos_token_id])[0]
+    _, prompt, want = engine_alone(server, "logprobs", 9)
     with server.client() as c:
         r = c.post("/generate", json={"input_ids": prompt, "return_logprob": True, "top_logprobs_num": 2,
                                       "sampling_params": {"max_new_tokens": 9, "temperature": 0}})

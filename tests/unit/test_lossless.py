@@ -14,12 +14,16 @@ from collections import defaultdict
 
 import pytest
 import torch
-from scipy import stats
 
 from ddtree import build_tree, verify_tree
 from ddtree.verify import target_probs, walk_tree
 
+from ..helpers import chi_square_pvalue as _chi
 from .toy import ToyPair, fold, fold_py
+
+
+def chi_square_pvalue(samples: torch.Tensor, want: dict[tuple, float]) -> float:
+    return _chi(map(tuple, samples.tolist()), want)
 
 
 def ar_distribution(pair: ToyPair, ctx_hash: int, length: int, params: dict) -> dict[tuple, float]:
@@ -134,28 +138,6 @@ def simulate(pair: ToyPair, rows: int, length: int, budget: int, cap: int, param
         root = v.bonus
     assert (count == length).all()
     return out
-
-
-def chi_square_pvalue(samples: torch.Tensor, want: dict[tuple, float]) -> float:
-    """Pearson chi-square of sampled sequences against exact probabilities (cells >= 5 expected)."""
-    rows = samples.shape[0]
-    observed: dict[tuple, int] = defaultdict(int)
-    for seq in map(tuple, samples.tolist()):
-        observed[seq] += 1
-    assert set(observed) <= {s for s, p in want.items() if p > 0}, "emitted an impossible sequence"
-    cells = sorted(want, key=lambda s: want[s])
-    obs, exp, acc_o, acc_e = [], [], 0.0, 0.0
-    for s in cells:  # pool the rarest cells until each pooled cell expects >= 5
-        acc_o += observed.get(s, 0)
-        acc_e += want[s] * rows
-        if acc_e >= 5:
-            obs.append(acc_o)
-            exp.append(acc_e)
-            acc_o = acc_e = 0.0
-    if acc_e > 0:
-        obs[-1] += acc_o
-        exp[-1] += acc_e
-    return float(stats.chisquare(obs, exp).pvalue)
 
 
 STAT_PARAMS = dict(temperature=0.8, top_k=3, top_p=0.9, min_p=0.05)

@@ -33,18 +33,17 @@ PROMPTS = [
 ]
 
 
-def chat(url: str, model: str, max_tokens: int, prompt: str, temperature: float, seed=None) -> dict:
-    """One chat completion; returns the response plus its wall time, or {'error': ...}."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": temperature, "return_spec_tokens_details": True}
-    if seed is not None:
-        body["seed"] = seed
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json",
-                                          "authorization": "Bearer " + os.environ.get("K26_API_KEY", "")})
+def request(url: str, path: str, body: dict) -> urllib.request.Request:
+    return urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                  headers={"content-type": "application/json",
+                                           "authorization": "Bearer " + os.environ.get("K26_API_KEY", "")})
+
+
+def post_json(url: str, path: str, body: dict, timeout: float) -> dict:
+    """POST a JSON body; the response plus its wall time, or {'error': ...} (never raises)."""
     t0 = time.perf_counter()
     try:
-        with urllib.request.urlopen(req, timeout=600) as resp:
+        with urllib.request.urlopen(request(url, path, body), timeout=timeout) as resp:
             out = json.load(resp)
     except urllib.error.HTTPError as err:
         return {"error": f"HTTP {err.code}: {err.read().decode(errors='replace')[:1500]}",
@@ -53,6 +52,15 @@ def chat(url: str, model: str, max_tokens: int, prompt: str, temperature: float,
         return {"error": str(err)[:300], "seconds": time.perf_counter() - t0}
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def chat(url: str, model: str, max_tokens: int, prompt: str, temperature: float, seed=None) -> dict:
+    """One chat completion; returns the response plus its wall time, or {'error': ...}."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": temperature, "return_spec_tokens_details": True}
+    if seed is not None:
+        body["seed"] = seed
+    return post_json(url, "/v1/chat/completions", body, 600)
 
 
 def accept_length(out: dict):
@@ -94,29 +102,17 @@ def load(url: str, model: str, max_tokens: int, concurrency: int, temperature: f
 
 
 def native(url: str, text: str, max_tokens: int, top: int) -> dict:
+    """SGLang's native /generate at temperature 0, with token ids and top-k log-probs."""
     body = {"text": text, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0},
             "return_logprob": top > 0, "top_logprobs_num": top}
-    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json",
-                                          "authorization": "Bearer " + os.environ.get("K26_API_KEY", "")})
-    t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(req, timeout=1800) as resp:
-            out = json.load(resp)
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        return {"error": str(err)[:300], "seconds": time.perf_counter() - t0}
-    out["seconds"] = time.perf_counter() - t0
-    return out
+    return post_json(url, "/generate", body, 1800)
 
 
 def first_token_seconds(url: str, text: str) -> float | None:
     body = {"prompt": text, "max_tokens": 8, "temperature": 0, "stream": True}
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json",
-                                          "authorization": "Bearer " + os.environ.get("K26_API_KEY", "")})
     t0 = time.perf_counter()
     try:
-        with urllib.request.urlopen(req, timeout=600) as resp:
+        with urllib.request.urlopen(request(url, "/v1/completions", body), timeout=600) as resp:
             for line in resp:
                 if line.startswith(b"data: ") and b'"text"' in line:
                     return time.perf_counter() - t0
