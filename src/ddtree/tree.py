@@ -24,8 +24,8 @@ tensor values; all shapes depend only on (bs, L, V, budget, topk_cap).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -134,15 +134,6 @@ def level_pairs(w_prev: int, k: int, budget: int, device: torch.device) -> tuple
     pair = (torch.tensor(ii, dtype=torch.int64).to(device), torch.tensor(jj, dtype=torch.int64).to(device))
     _PAIR_TENSORS[key] = pair
     return pair
-
-
-def level_widths(max_depth: int, k: int, budget: int) -> list[int]:
-    """Static number of slots filled at each depth: min(budget, number of kept pairs)."""
-    widths, w_prev = [], 1
-    for _ in range(max_depth):
-        w_prev = min(budget, len(_pair_lists(w_prev, k, budget)[0]))
-        widths.append(w_prev)
-    return widths
 
 
 def order_key(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,6 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
     app = FastAPI(title="ddtree-serve", version=__version__, lifespan=lifespan)
     app.state.ready = False
     app.state.draining = False
-    app.state.worker = worker
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
