@@ -151,10 +151,12 @@ def test_the_worker_refuses_to_serve_until_its_decode_path_exists():
         make_worker_class()(server_args=None, gpu_id=0, nccl_port=0, target_worker=None)
 
 
-def test_target_verify_width_is_budget_plus_one():
+def test_target_verify_width_is_budget_plus_one_and_the_draft_keeps_its_block():
     r = fresh("from sglang.srt.plugins import load_plugins; load_plugins()\n"
               "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S\n"
-              "print(S.from_string('DDTREE').get_num_tokens_per_req_for_target_verify(8, False))\n",
+              "a = S.from_string('DDTREE')\n"
+              "print(a.get_num_tokens_per_req_for_target_verify(8, False),"
+              " a.get_num_tokens_per_req_for_target_verify(8, True))\n",
               env={"SGLANG_DDTREE_BUDGET": "48"})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "49"
+    assert r.stdout.split() == ["49", "8"]

@@ -60,9 +60,13 @@ def spec_class():
         def supports_target_verify_for_draft(self) -> bool:
             return True
 
-        # sglang 0.5.23 CustomSpecAlgo.get_num_tokens_per_req_for_target_verify: budget + 1 per
-        # request, not the block size (the seed's `q.shape[0] != qo_indptr[-1]` at replay)
+        # sglang 0.5.23 CustomSpecAlgo.get_num_tokens_per_req_for_target_verify: the target
+        # verifies budget + 1 tokens per request (the seed's `q.shape[0] != qo_indptr[-1]` at
+        # replay); the draft model runner also runs in TARGET_VERIFY mode, over its block
+        # (num_draft_tokens), and its graphs must keep that width
         def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+            if is_draft_worker:
+                return num_draft_tokens
             return DDTreeSettings.from_env().verify_tokens
 
     return DDTreeSpec

@@ -7,6 +7,19 @@ accepted nodes' KV) is NOT implemented: DFlashWorkerV2.forward_batch_generation 
 sampling, verify and accept in one method, and replacing its middle without copying SGLang's
 code needs more work than this release holds. Constructing the worker therefore fails with a
 clear message instead of silently serving the DFlash chain under the DDTREE name.
+
+What the decode path has to respect in 0.5.23 (read from its source, for the next release):
+- KV headroom: DFlashDraftInputV2.prepare_for_decode reserves 2 * speculative_num_draft_tokens
+  slots past the committed length, and the req_to_token row headroom derives from the same value,
+  so the verify width budget + 1 must be the server's speculative_num_draft_tokens while the draft
+  keeps its own block (get_num_tokens_per_req_for_target_verify answers per worker; done).
+  `--speculative-dflash-block-size` is an alias of `--speculative-num-draft-tokens`.
+- With page size 1 the accepted path can be kept without moving KV or freeing slots: permute the
+  request's reserved req_to_token window so the accepted nodes' slots come first (the rest stay
+  reserved for the next step).
+- The draft context takes the accepted nodes' target hidden states in path order at positions
+  prefix + depth (_append_target_hidden_to_draft_kv_by_loc with commit_lens = accepted + 1).
+- GenerationBatchResult's stride stays the block size: at most depth L + 1 = block tokens a step.
 """
 
 from __future__ import annotations
