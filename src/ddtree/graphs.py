@@ -50,3 +50,29 @@ class FirstUseChecker:
             return
         check_copy_sources(pairs, where)
         self._seen.add(key)
+
+
+class BufferRegistry:
+    """The static input buffers of one captured graph, by field name.
+
+    Every per-step input goes through `copy_in`, which checks the sources (at capture and at the
+    first replay of each shape, via FirstUseChecker) and copies each into its buffer's first rows.
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.buffers: dict[str, torch.Tensor] = {}
+        self._check = FirstUseChecker()
+
+    def register(self, name: str, buffer: torch.Tensor) -> torch.Tensor:
+        if name in self.buffers:
+            raise GraphBufferError(f"{self.where}: graph buffer '{name}' registered twice")
+        self.buffers[name] = buffer
+        return buffer
+
+    def copy_in(self, sources: dict[str, torch.Tensor | None], phase: str) -> None:
+        """sources: one per registered field (a missing key counts as None). phase: 'capture' | 'replay'."""
+        pairs = [(name, sources.get(name), dst) for name, dst in self.buffers.items()]
+        self._check(pairs, f"{self.where} {phase}")
+        for _, src, dst in pairs:
+            dst[: src.shape[0]].copy_(src, non_blocking=True)

@@ -80,3 +80,32 @@ def test_accept_mapping_by_hand():
     want[0], want[1], want[2] = 5, 7, 1
     want[4], want[7] = 2, 4
     assert acc.predict.tolist() == want.tolist()
+
+
+def test_buffer_registry_names_the_missing_or_misfit_source_and_copies_rows():
+    from ddtree.graphs import BufferRegistry
+
+    reg = BufferRegistry("decode graph (bucket 4)")
+    roots = reg.register("roots", torch.zeros(4, dtype=torch.int64))
+    lengths = reg.register("lengths", torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(GraphBufferError, match="'lengths' is None"):
+        reg.copy_in({"roots": torch.ones(2, dtype=torch.int64)}, "capture")
+    with pytest.raises(GraphBufferError, match="'roots' has dtype torch.int32"):
+        reg.copy_in({"roots": torch.ones(2, dtype=torch.int32), "lengths": torch.ones(2, dtype=torch.int64)},
+                    "replay")
+    with pytest.raises(GraphBufferError, match=r"'lengths' has shape \(5,\)"):
+        reg.copy_in({"roots": torch.ones(2, dtype=torch.int64), "lengths": torch.ones(5, dtype=torch.int64)},
+                    "replay")
+    reg.copy_in({"roots": torch.tensor([7, 8]), "lengths": torch.tensor([3, 4])}, "replay")
+    assert roots.tolist() == [7, 8, 0, 0] and lengths.tolist() == [3, 4, 0, 0]
+    with pytest.raises(GraphBufferError, match="'roots' registered twice"):
+        reg.register("roots", torch.zeros(4, dtype=torch.int64))
+
+
+def test_cuda_graphs_on_a_cpu_pair_is_refused_with_the_fix():
+    from ddtree.reference.engine import Decoder
+
+    from ..reference.conftest import small_vocab_pair
+
+    with pytest.raises(ValueError, match="cuda_graphs=True needs the pair on a CUDA device"):
+        Decoder(small_vocab_pair(), "ddtree", 4, 2, cuda_graphs=True)

@@ -58,10 +58,39 @@ class BatchState:
     generator: torch.Generator | None
     outputs: list[Generation] = field(default_factory=list)
     active: list[bool] = field(default_factory=list)
+    live: torch.Tensor | None = None   # bool [bs] on the device, mirrors `active` (read inside a step)
+    graph_bucket: object | None = None  # the graphed.Bucket this batch replays in, None = eager
 
     @property
     def done(self) -> bool:
         return not any(self.active)
+
+
+@dataclass
+class StepIO:
+    """What one decode step reads and writes; under CUDA graphs these are the static buffers.
+
+    Inputs (bs = batch or bucket): roots/lengths int64 [bs], live bool [bs], params, generator,
+    cache, ctx. Stage outputs: draft_logits [bs, L, V], tree, out (TargetOutput), verdict;
+    step outputs: emitted int64 [bs, E] (E = L+1, or 1 for ar), accept int64 [bs],
+    node_logits [bs, E, V] (the target logits each emitted token was chosen from).
+    """
+
+    roots: torch.Tensor
+    lengths: torch.Tensor
+    live: torch.Tensor
+    params: SamplingParams
+    generator: torch.Generator | None
+    cache: KVCache
+    ctx: object | None
+    draft_logits: torch.Tensor | None = None
+    tree: DraftTree | None = None
+    out: TargetOutput | None = None
+    targets: torch.Tensor | None = None
+    verdict: object | None = None
+    emitted: torch.Tensor | None = None
+    accept: torch.Tensor | None = None
+    node_logits: torch.Tensor | None = None
 
 
 def _check(name: str, ok: bool, value, allowed: str) -> None:
@@ -73,8 +102,11 @@ class Decoder:
     """Decodes batches with one pair and one method; `start` then `step` until `state.done`."""
 
     def __init__(self, pair: Pair, method: str = "ddtree", budget: int = 32, topk_cap: int = 8,
-                 corrupt_every: int = 0):
-        """corrupt_every: TEST ONLY. Every that many verify steps, replace the emitted bonus token of
+                 corrupt_every: int = 0, cuda_graphs: bool = False, graph_buckets: tuple[int, ...] | None = None,
+                 split_stages: bool = False):
+        """cuda_graphs: replay each step as a CUDA graph captured per batch bucket (graph_buckets,
+        default 1, 2, 4, ..., 32; see ddtree.reference.graphed); split_stages captures one graph per
+        stage (for timing the stages). corrupt_every: TEST ONLY. Every that many verify steps, replace the emitted bonus token of
         a speculative method by another token (the engine itself goes on from the real one), so
         that validation tooling can be shown to catch a broken accepted path. 0 = off."""
         _check("method", method in METHODS, method, f"expected one of {METHODS}")
@@ -92,27 +124,41 @@ class Decoder:
         p = pair.target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
         self.capture = tuple(pair.draft.config.target_layer_ids) if method != "ar" else ()
+        self.graphs = None
+        if cuda_graphs:
+            from ddtree.reference.graphed import BUCKETS, GraphRunner
+
+            self.graphs = GraphRunner(self, graph_buckets or BUCKETS, split_stages)
 
     @property
     def context_length(self) -> int:
         return self.pair.target.config.max_position_embeddings
 
+    @property
+    def window(self) -> int:
+        """Cache slots a step may write past the prompt + generated tokens (the verify window)."""
+        return self.budget + 1 + self.pair.block_size + 1 if self.method != "ar" else 2
+
     # ----- set-up -----------------------------------------------------------------------------
     def start(self, prompts: list[list[int]], requests: list[RequestParams], seed: int | None = None) -> BatchState:
         self._check_prompts(prompts, requests)
         bs = len(prompts)
-        extra = self.budget + 1 + self.pair.block_size + 1 if self.method != "ar" else 2
-        slots = max(len(p) + r.max_new_tokens for p, r in zip(prompts, requests)) + extra
-        gen = None
-        if seed is not None:
-            gen = torch.Generator(device=self.device).manual_seed(seed)
         state = BatchState(
-            cache=self.pair.target.new_cache(bs, slots),
-            ctx=self.pair.draft.new_context(bs, slots) if self.method != "ar" else None,
+            cache=None, ctx=None,
             lengths=torch.tensor([len(p) - 1 for p in prompts], dtype=torch.int64, device=self.device),
             roots=torch.tensor([p[-1] for p in prompts], dtype=torch.int64, device=self.device),
-            params=self._sampling(requests), requests=requests, generator=gen,
-            outputs=[Generation([], 0, []) for _ in prompts], active=[True] * bs)
+            params=self._sampling(requests), requests=requests, generator=None,
+            outputs=[Generation([], 0, []) for _ in prompts], active=[True] * bs,
+            live=torch.ones(bs, dtype=torch.bool, device=self.device))
+        slots = max(len(p) + r.max_new_tokens for p, r in zip(prompts, requests)) + self.window
+        bucket = self.graphs.claim(state, slots) if self.graphs is not None else None
+        if bucket is not None:
+            self.graphs.prepare(state, bucket, seed)           # captures first: warm-up writes the cache
+        else:
+            state.cache = self.pair.target.new_cache(bs, slots)
+            state.ctx = self.pair.draft.new_context(bs, slots) if self.method != "ar" else None
+            if seed is not None:
+                state.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._prefill(state, prompts)
         return state
 
@@ -165,13 +211,30 @@ class Decoder:
     @torch.no_grad()
     def step(self, state: BatchState) -> list[list[int]]:
         """One target pass for every active request; returns the tokens each request emitted."""
-        if self.method == "ar":
-            emitted, accept, logits = self._ar_round(state)
-        else:
-            emitted, accept, logits = self._spec_round(state)
+        if state.graph_bucket is not None:
+            return self.finish_step(state, self.graphs.replay(state))
+        io = self.step_io(state)
+        for _, stage in self.stages():
+            stage(io)
+        return self.finish_step(state, io)
+
+    def step_io(self, state: BatchState) -> StepIO:
+        return StepIO(roots=state.roots, lengths=state.lengths, live=state.live, params=state.params,
+                      generator=state.generator, cache=state.cache, ctx=state.ctx)
+
+    def finish_step(self, state: BatchState, io: StepIO) -> list[list[int]]:
+        """Host side of a step (its one synchronisation): log-probs if asked, then the commit."""
         top = max(r.logprobs_top for r in state.requests)
-        info = self._logprob_info(logits, emitted, top) if top > 0 else None
-        return self._commit_host(state, emitted, accept, info)
+        info = self._logprob_info(io.node_logits, io.emitted, top) if top > 0 else None
+        return self._commit_host(state, io.emitted, io.accept, info)
+
+    def stages(self) -> list[tuple[str, object]]:
+        """The step as named stages, each a function of a StepIO (no host synchronisation inside)."""
+        if self.method == "ar":
+            return [("target", self._stage_ar_target), ("verify", self._stage_ar_verify),
+                    ("accept", self._stage_ar_accept)]
+        return [("draft", self._stage_draft), ("build", self._stage_build), ("target", self._stage_target),
+                ("verify", self._stage_verify), ("accept", self._stage_accept)]
 
     def _logprob_info(self, logits: torch.Tensor, emitted: torch.Tensor, top: int):
         """logits [bs, E, V] at the emitting nodes -> host lists of (token log-prob, top-k ids, top-k log-probs)."""
@@ -180,30 +243,45 @@ class Decoder:
         best = lsm.topk(min(top, lsm.shape[-1]), dim=-1)
         return tok_lp.tolist(), best.indices.tolist(), best.values.tolist()
 
-    def _ar_round(self, state: BatchState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        bs = state.roots.shape[0]
-        pos = state.lengths[:, None]                                              # [bs, 1]
-        mask = torch.arange(state.cache.slots, device=self.device)[None, None, :] <= pos[:, :, None]
-        out = self.pair.target(state.roots[:, None], pos, state.cache, pos, mask)
-        nxt = node_targets(out.logits, state.params, state.generator)[:, 0]       # [bs]
-        self._advance(state, torch.zeros(bs, dtype=torch.int64, device=self.device), nxt)
-        return nxt[:, None], torch.zeros(bs, dtype=torch.int64, device=self.device), out.logits
+    # ar: one token per step
+    def _stage_ar_target(self, io: StepIO) -> None:
+        pos = io.lengths[:, None]                                                 # [bs, 1]
+        mask = torch.arange(io.cache.slots, device=self.device)[None, None, :] <= pos[:, :, None]
+        io.out = self.pair.target(io.roots[:, None], pos, io.cache, pos, mask)
 
-    def _spec_round(self, state: BatchState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        draft_logits = self.pair.draft(state.roots, state.lengths, state.ctx, state.lengths)  # [bs, L, V]
-        tree = build_tree(draft_logits, state.roots, budget=self.budget, topk_cap=self.topk_cap)
-        out = self._verify_pass(state, tree)
-        p = state.params
+    def _stage_ar_verify(self, io: StepIO) -> None:
+        io.targets = node_targets(io.out.logits, io.params, io.generator)[:, 0]   # [bs]
+
+    def _stage_ar_accept(self, io: StepIO) -> None:
+        zero = torch.zeros_like(io.lengths)
+        self._advance(io, zero, io.targets)
+        io.emitted, io.accept, io.node_logits = io.targets[:, None], zero, io.out.logits
+
+    # dflash / ddtree: draft block -> tree -> one verify pass -> verdict -> commit
+    def _stage_draft(self, io: StepIO) -> None:
+        io.draft_logits = self.pair.draft(io.roots, io.lengths, io.ctx, io.lengths)  # [bs, L, V]
+
+    def _stage_build(self, io: StepIO) -> None:
+        io.tree = build_tree(io.draft_logits, io.roots, budget=self.budget, topk_cap=self.topk_cap)
+
+    def _stage_target(self, io: StepIO) -> None:
+        io.out = self._verify_pass(io, io.tree)
+
+    def _stage_verify(self, io: StepIO) -> None:
+        p = io.params
         temperature = 0.0 if p.all_greedy else p.temperature
-        verdict = verify_tree(tree, out.logits, temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-                              generator=state.generator)
-        self._commit_device(state, out, verdict.accepted)
-        self._advance(state, verdict.accept_len, verdict.bonus)
-        vocab = out.logits.shape[-1]
-        node_logits = out.logits.gather(1, verdict.accepted.clamp(min=0)[..., None].expand(-1, -1, vocab))
-        return verdict.tokens, verdict.accept_len, node_logits                   # logits [bs, L+1, V]
+        io.verdict = verify_tree(io.tree, io.out.logits, temperature, top_p=p.top_p, top_k=p.top_k,
+                                 min_p=p.min_p, generator=io.generator)
 
-    def _verify_pass(self, state: BatchState, tree: DraftTree) -> TargetOutput:
+    def _stage_accept(self, io: StepIO) -> None:
+        verdict = io.verdict
+        self._commit_device(io, io.out, verdict.accepted)
+        self._advance(io, verdict.accept_len, verdict.bonus)
+        vocab = io.out.logits.shape[-1]
+        io.node_logits = io.out.logits.gather(1, verdict.accepted.clamp(min=0)[..., None].expand(-1, -1, vocab))
+        io.emitted, io.accept = verdict.tokens, verdict.accept_len                # [bs, L+1], [bs]
+
+    def _verify_pass(self, state: StepIO, tree: DraftTree) -> TargetOutput:
         """All N tree nodes in one target pass: node i at slot lengths + i, position root + depth."""
         bs, n = tree.tokens.shape
         slots = state.lengths[:, None] + torch.arange(n, device=self.device)       # [bs, N]
@@ -214,7 +292,7 @@ class Decoder:
         return self.pair.target(tree.tokens, tree.positions(state.lengths), state.cache, slots, mask,
                                 capture=self.capture)
 
-    def _commit_device(self, state: BatchState, out: TargetOutput, accepted: torch.Tensor) -> None:
+    def _commit_device(self, state: StepIO, out: TargetOutput, accepted: torch.Tensor) -> None:
         """Keep the accepted path's K/V at slots lengths + 0..k; extend the draft's context."""
         steps = torch.arange(accepted.shape[1], device=self.device)                # [L+1]
         dst = state.lengths[:, None] + steps                                      # [bs, L+1]
@@ -223,15 +301,16 @@ class Decoder:
         hidden = out.hidden.gather(1, accepted.clamp(min=0)[..., None].expand(-1, -1, out.hidden.shape[-1]))
         self.pair.draft.extend_context(state.ctx, hidden, dst, dst)
 
-    def _advance(self, state: BatchState, accept_len: torch.Tensor, bonus: torch.Tensor) -> None:
-        live = torch.tensor(state.active, device=self.device)
-        state.lengths = torch.where(live, state.lengths + accept_len + 1, state.lengths)
-        state.roots = torch.where(live, bonus, state.roots)
+    def _advance(self, io: StepIO, accept_len: torch.Tensor, bonus: torch.Tensor) -> None:
+        """Move live requests past this step, in place (the buffers may be a graph's static ones)."""
+        io.lengths.copy_(torch.where(io.live, io.lengths + accept_len + 1, io.lengths))
+        io.roots.copy_(torch.where(io.live, bonus, io.roots))
 
     def _commit_host(self, state: BatchState, emitted: torch.Tensor, accept: torch.Tensor,
                      info=None) -> list[list[int]]:
         """Append each active request's tokens up to its stop token or limit (one host sync)."""
         rows, accepts = emitted.tolist(), accept.tolist()
+        active_before = sum(state.active)
         vocab = self.pair.target.config.vocab_size
         new: list[list[int]] = []
         for b, req in enumerate(state.requests):
@@ -262,6 +341,8 @@ class Decoder:
                     state.active[b] = False
                     break
             new.append(fresh)
+        if sum(state.active) != active_before:                                   # a request finished
+            state.live.copy_(torch.tensor(state.active, device=self.device))
         return new
 
 

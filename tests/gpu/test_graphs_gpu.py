@@ -1,0 +1,95 @@
+"""CUDA-graph decoding of the reference engine on the GPU: replay == eager, sampling, buffer checks."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from ddtree.graphs import GraphBufferError
+from ddtree.reference.engine import Decoder, RequestParams
+
+from ..helpers import chi_square_pvalue
+from ..reference.conftest import small_vocab_pair
+from ..reference.test_engine import PARAMS, exact_ar_distribution
+
+pytestmark = pytest.mark.gpu
+PROMPTS = [[0, 2, 3], [0], [0, 5, 6, 2, 3, 4, 1, 2], [0, 3, 3, 3, 3], [0, 6]]   # 5 -> bucket 8
+METHODS = [("ar", 1, 1), ("dflash", 3, 1), ("ddtree", 4, 2), ("ddtree", 32, 8)]
+
+
+def cuda_pair(dtype=torch.float64, pair=None, **kw):
+    pair = pair or small_vocab_pair(**kw)
+    pair.target.to(device="cuda", dtype=dtype)
+    pair.draft.to(device="cuda", dtype=dtype)
+    return pair
+
+
+def decode(decoder: Decoder, prompts, req: RequestParams, seed=None):
+    state = decoder.start(prompts, [req] * len(prompts), seed=seed)
+    while not state.done:
+        decoder.step(state)
+    return state
+
+
+@pytest.mark.parametrize("method,budget,cap", METHODS)
+@pytest.mark.parametrize("split", [False, True])
+def test_graph_replay_gives_the_eager_tokens(method, budget, cap, split):
+    pair = cuda_pair()
+    req = RequestParams(max_new_tokens=40)
+    eager = decode(Decoder(pair, method, budget, cap), PROMPTS, req)
+    graphed = Decoder(pair, method, budget, cap, cuda_graphs=True, split_stages=split)
+    for _ in range(2):                                     # the second batch reuses the bucket's buffers
+        state = decode(graphed, PROMPTS, req)
+        assert state.graph_bucket.size == 8
+        assert [g.tokens for g in state.outputs] == [g.tokens for g in eager.outputs]
+        assert [g.accept_lengths for g in state.outputs] == [g.accept_lengths for g in eager.outputs]
+    if method != "ar":
+        assert sum(sum(g.accept_lengths) for g in state.outputs) > 0, "nothing accepted: the test is vacuous"
+
+
+def test_graph_sampling_matches_the_exact_distribution():
+    pair = small_vocab_pair(vocab=6, seed=3, std=0.3)
+    prompt = [0, 2, 4]
+    want = exact_ar_distribution(pair, prompt, 3, PARAMS)        # on the CPU, float64
+    pair = cuda_pair(torch.float32, pair)
+    decoder = Decoder(pair, "ddtree", 6, 3, cuda_graphs=True)
+    req = RequestParams(max_new_tokens=3, **PARAMS)
+    samples, accepted = [], 0
+    for seed in range(250):                                # 250 batches x 32 = 8,000 sequences
+        state = decode(decoder, [prompt] * 32, req, seed=seed)
+        assert state.graph_bucket.size == 32
+        samples += [tuple(g.tokens) for g in state.outputs]
+        accepted += sum(sum(g.accept_lengths) for g in state.outputs)
+    assert chi_square_pvalue(samples, want) > 1e-3
+    assert accepted > len(samples) // 10, "the tree path was hardly exercised"
+    again = decode(decoder, [prompt] * 32, req, seed=0)     # seeded: a replayed batch repeats itself
+    first = decode(decoder, [prompt] * 32, req, seed=0)
+    assert [g.tokens for g in again.outputs] == [g.tokens for g in first.outputs]
+
+
+def test_a_missing_buffer_fails_capture_with_its_name():
+    pair = cuda_pair()
+    decoder = Decoder(pair, "ddtree", 4, 2, cuda_graphs=True)
+    original = decoder._sampling
+
+    def no_temperature(reqs):
+        p = original(reqs)
+        return type(p)(temperature=None, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, all_greedy=p.all_greedy)
+
+    decoder._sampling = no_temperature
+    with pytest.raises(GraphBufferError, match="'temperature' is None"):
+        decoder.start(PROMPTS, [RequestParams(max_new_tokens=4)] * len(PROMPTS))
+
+
+def test_shapes_without_a_bucket_fall_back_to_eager_and_say_so_once(caplog):
+    pair = cuda_pair()
+    decoder = Decoder(pair, "ddtree", 4, 2, cuda_graphs=True, graph_buckets=(1, 2))
+    req = RequestParams(max_new_tokens=8)
+    with caplog.at_level(logging.WARNING, logger="ddtree.reference.graphed"):
+        a = decode(decoder, PROMPTS[:3], req)
+        b = decode(decoder, PROMPTS[:3], req)
+    assert a.graph_bucket is None and b.graph_bucket is None
+    assert [g.tokens for g in a.outputs] == [g.tokens for g in b.outputs]
+    assert sum("largest captured bucket" in r.message for r in caplog.records) == 1
