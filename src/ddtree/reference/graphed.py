@@ -85,6 +85,7 @@ class GraphRunner:
         self._buckets: dict[tuple[int, int], Bucket] = {}
         self._captured: dict[GraphKey, Captured] = {}
         self._logged: set[str] = set()
+        self.capture_stream = torch.cuda.Stream()   # warm-up and capture share it
 
     # ----- choosing ---------------------------------------------------------------------------
     def claim(self, state, needed_slots: int) -> Bucket | None:
@@ -162,7 +163,7 @@ class GraphRunner:
             graph = torch.cuda.CUDAGraph()
             if io.generator is not None:
                 graph.register_generator_state(io.generator)
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, stream=self.capture_stream):
                 for _, stage in group:
                     stage(io)
             cap.graphs.append(("+".join(n for n, _ in group), graph))
@@ -170,10 +171,10 @@ class GraphRunner:
                  ", ".join(n for n, _ in cap.graphs))
         return cap
 
-    @staticmethod
-    def _warm_up(io, stages) -> None:
-        """Run the stages eagerly on a side stream (Triton compiles, library handles) before capture."""
-        side = torch.cuda.Stream()
+    def _warm_up(self, io, stages) -> None:
+        """Run the stages eagerly on the capture stream before capture: Triton compiles, and cuBLAS
+        allocates that stream's workspace outside any graph's private memory pool."""
+        side = self.capture_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
             for _ in range(2):
