@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -28,7 +30,7 @@ import torch
 
 from ddtree.reference.config import DraftConfig, TargetConfig
 from ddtree.reference.engine import Decoder, RequestParams
-from ddtree.reference.pair import Pair, init_pair, load_pair
+from ddtree.reference.pair import Pair, init_pair, load_pair, save_pair
 
 STAGES = ("draft", "build", "target", "verify", "accept")
 
@@ -167,7 +169,7 @@ def speedups(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", help="a pair directory (load_pair); default: the random ~1.1B target")
     ap.add_argument("--block-size", type=int, default=16, help="draft block of the random pair (L = block - 1)")
@@ -182,33 +184,69 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="budgets 8,32, batch 1, 5 steps")
     ap.add_argument("--out", help="write the markdown tables here")
     ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--case", help=argparse.SUPPRESS)   # method,budget,cap,bs,mode: one case, JSON row on stdout
     args = ap.parse_args(argv)
+    if args.quick:
+        args.budgets, args.batches, args.steps = "8,32", "1", 5
+    return args
+
+
+def load(args) -> Pair:
+    pair = load_pair(args.pair, device="cuda", dtype=torch.bfloat16)
+    return pair
+
+
+def run_one(args) -> int:
+    """--case: one measurement in this (fresh) process; prints its Row as JSON."""
+    method, budget, cap, bs, mode = args.case.split(",")
+    torch.manual_seed(0)
+    row = run_case(load(args), method, int(budget), int(cap), int(bs), mode == "graphs", args)
+    print("ROW " + json.dumps(asdict(row)))
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
     if not torch.cuda.is_available():
         print("bench/e2e.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.quick:
-        args.budgets, args.batches, args.steps = "8,32", "1", 5
-    torch.manual_seed(0)
-    if args.pair:
-        pair = load_pair(args.pair, device="cuda", dtype=torch.bfloat16)
-    else:
-        pair = one_b_pair(args.block_size)
-        pair.target.to(device="cuda", dtype=torch.bfloat16)
-        pair.draft.to(device="cuda", dtype=torch.bfloat16)
-    params = sum(p.numel() for p in pair.target.parameters())
-    rows = []
-    for bs in [int(x) for x in args.batches.split(",")]:
-        for method, budget, cap in cases(pair, [int(x) for x in args.budgets.split(",")],
-                                         [int(x) for x in args.caps.split(",")]):
-            for mode in args.modes.split(","):
-                row = run_case(pair, method, budget, cap, bs, mode == "graphs", args)
-                rows.append(row)
-                print(f"{method:6s} budget {budget:4d} cap {cap:3d} bs {bs:2d} {mode:6s} step {row.step_ms:8.3f} ms "
-                      f"{row.tokens_per_s:9.0f} tok/s tree {100 * row.tree_share:5.1f}%", flush=True)
+    if args.case:
+        return run_one(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.pair:                  # every case runs in its own process (clean allocator and
+            args.pair = tmp                # cuBLAS state); they share the random pair through a file
+            random_pair = one_b_pair(args.block_size)
+            random_pair.target.to(torch.bfloat16)
+            random_pair.draft.to(torch.bfloat16)
+            save_pair(random_pair, tmp)
+            del random_pair
+            argv = argv + ["--pair", tmp]
+        pair = load(args)
+        params = sum(p.numel() for p in pair.target.parameters())
+        block, draft_layers = pair.block_size, pair.draft.config.num_hidden_layers
+        todo = cases(pair, [int(x) for x in args.budgets.split(",")], [int(x) for x in args.caps.split(",")])
+        del pair
+        rows = []
+        for bs in [int(x) for x in args.batches.split(",")]:
+            for method, budget, cap in todo:
+                for mode in args.modes.split(","):
+                    case = f"{method},{budget},{cap},{bs},{mode}"
+                    done = subprocess.run([sys.executable, __file__, *argv, "--case", case], capture_output=True,
+                                          text=True)
+                    line = next((x for x in done.stdout.splitlines() if x.startswith("ROW ")), None)
+                    if done.returncode != 0 or line is None:
+                        print(f"case {case} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+                        return 1
+                    row = Row(**json.loads(line[4:]))
+                    rows.append(row)
+                    print(f"{method:6s} budget {budget:4d} cap {cap:3d} bs {bs:2d} {mode:6s} step "
+                          f"{row.step_ms:8.3f} ms {row.tokens_per_s:9.0f} tok/s tree {100 * row.tree_share:5.1f}%",
+                          flush=True)
     header = (f"{time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"python {platform.python_version()}; target {params / 1e9:.2f}B parameters bf16, draft "
-              f"{pair.draft.config.num_hidden_layers} layers, block {pair.block_size}, prompt {args.prompt_len}, "
-              f"temperature {args.temperature}, {args.steps} timed steps")
+              f"{draft_layers} layers, block {block}, prompt {args.prompt_len}, "
+              f"temperature {args.temperature}, {args.steps} timed steps, one process per case")
     text = header + "\n\n" + table(rows) + "\n\n" + speedups(rows) + "\n"
     print(text)
     if args.out:

@@ -159,14 +159,16 @@ class GraphRunner:
         stages = d.stages()
         self._warm_up(io, stages)
         groups = [[s] for s in stages] if self.split_stages else [stages]
+        pool = None                                # split capture: the stage graphs share one pool
         for group in groups:
             graph = torch.cuda.CUDAGraph()
             if io.generator is not None:
                 graph.register_generator_state(io.generator)
-            with torch.cuda.graph(graph, stream=self.capture_stream):
+            with torch.cuda.graph(graph, pool=pool, stream=self.capture_stream):
                 for _, stage in group:
                     stage(io)
             cap.graphs.append(("+".join(n for n, _ in group), graph))
+            pool = graph.pool()
         log.info("cuda graphs: captured %s bucket %d x %d slots (%s)", d.method, b, bucket.slots,
                  ", ".join(n for n, _ in cap.graphs))
         return cap
