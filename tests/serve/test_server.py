@@ -203,6 +203,7 @@ def test_sigterm_drains_an_in_flight_request(tmp_path, pair_dir):
     (["--speculative-algorithm", "NONE", "--speculative-ddtree-budget", "0"], "--speculative-ddtree-budget 0"),
     (["--speculative-algorithm", "NONE", "--port", "70000"], "--port 70000"),
     (["--speculative-algorithm", "EAGLE"], "invalid choice: 'EAGLE'"),
+    (["--speculative-algorithm", "NONE", "--cuda-graph-max-bs-decode", "0"], "--cuda-graph-max-bs-decode 0"),
 ])
 def test_bad_flags_exit_2_with_the_fix(tmp_path, args, message):
     exe = Path(sys.executable).with_name("ddtree-serve")

@@ -39,10 +39,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-running-requests", type=int, default=16)
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--cuda-graph-max-bs-decode", type=int, default=None,
-                    help="largest decode batch captured in a CUDA graph (recorded; the reference engine "
-                         "decodes eagerly on the CPU)")
+                    help="largest decode batch captured in a CUDA graph (buckets 1, 2, 4, ... up to it; "
+                         "default 32); on the CPU decoding is eager")
     ap.add_argument("--cuda-graph-backend-decode", choices=["full", "breakable", "disabled"], default=None,
-                    help="'disabled' turns decode CUDA graphs off (recorded; see --cuda-graph-max-bs-decode)")
+                    help="'disabled' turns decode CUDA graphs off (full and breakable both replay one "
+                         "captured step per batch bucket in the reference engine)")
     ap.add_argument("--graceful-timeout", type=float, default=600.0,
                     help="seconds to wait for in-flight requests after SIGTERM")
     ap.add_argument("--log-level", default="info")
@@ -57,12 +58,22 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.speculative_algorithm != "NONE" and not args.speculative_draft_model_path:
         ap.error(f"--speculative-algorithm {args.speculative_algorithm} needs --speculative-draft-model-path DIR "
                  "(or use --speculative-algorithm NONE)")
-    for flag in ("speculative_ddtree_budget", "speculative_ddtree_topk_cap", "max_running_requests"):
+    for flag in ("speculative_ddtree_budget", "speculative_ddtree_topk_cap", "max_running_requests",
+                 "cuda_graph_max_bs_decode"):
         value = getattr(args, flag)
-        if value < 1:
+        if value is not None and value < 1:
             ap.error(f"--{flag.replace('_', '-')} {value} is invalid: expected an integer >= 1")
     if not 0 < args.port < 65536:
         ap.error(f"--port {args.port} is invalid: expected 1..65535")
+
+
+def graph_buckets(max_bs: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to max_bs (max_bs itself included)."""
+    out, b = [], 1
+    while b < max_bs:
+        out.append(b)
+        b *= 2
+    return tuple(out + [max_bs])
 
 
 def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder, ServerSettings]:
@@ -81,9 +92,10 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
         ap.error(f"--speculative-dflash-block-size {args.speculative_dflash_block_size} does not match the "
                  f"draft's block_size {block}: omit the flag or use {block}")
     pair = Pair(target=target, draft=draft, tokenizer=tokenizer)
-    decoder = Decoder(pair, ALGORITHMS[args.speculative_algorithm], args.speculative_ddtree_budget,
-                      args.speculative_ddtree_topk_cap, corrupt_every=args.test_corrupt_accepted_path)
     graphs = args.cuda_graph_backend_decode != "disabled" and args.device.startswith("cuda")
+    decoder = Decoder(pair, ALGORITHMS[args.speculative_algorithm], args.speculative_ddtree_budget,
+                      args.speculative_ddtree_topk_cap, corrupt_every=args.test_corrupt_accepted_path,
+                      cuda_graphs=graphs, graph_buckets=graph_buckets(args.cuda_graph_max_bs_decode or 32))
     if args.cuda_graph_max_bs_decode and not graphs:
         logging.getLogger("ddtree.serve").info("CUDA graphs requested but device=%s: decoding eagerly", args.device)
     settings = ServerSettings(
