@@ -150,3 +150,46 @@ def test_logprobs_are_the_targets_and_the_test_corruption_changes_the_output(pai
         broken.step(state)
     assert state.outputs[0].tokens != ar_out[0].tokens
     assert Decoder(pair8, "ar", corrupt_every=3).corrupt_every == 0  # never the baseline
+
+
+def test_block_logits_equal_the_decoders_draft_pass_per_anchor(pair8):
+    """The training / offline form of the draft (K blocks in one pass) equals forward() per block."""
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 7, (2, 20), generator=g)
+    layers = tuple(pair8.draft.config.target_layer_ids)
+    hidden = pair8.target.forward_sequence(tokens, capture=layers).hidden
+    anchors = torch.tensor([[3, 7, 12], [0, 5, 19]])
+    got = pair8.draft.block_logits(hidden, tokens, anchors)                       # [2, 3, L, V]
+    for b in range(2):
+        for k, a in enumerate(anchors[b].tolist()):
+            ctx = pair8.draft.new_context(1, 24)
+            if a:
+                pos = torch.arange(a)[None]
+                pair8.draft.extend_context(ctx, hidden[b:b + 1, :a], pos, pos)
+            want = pair8.draft(tokens[b, a:a + 1], torch.tensor([a]), ctx, torch.tensor([a]))
+            torch.testing.assert_close(got[b, k], want[0], rtol=1e-9, atol=1e-9)
+
+
+def test_forward_sequence_equals_the_cached_prefill(pair8):
+    tokens = torch.tensor([[0, 3, 2, 5, 1, 4]])
+    full = pair8.target.forward_sequence(tokens).logits
+    cache = pair8.target.new_cache(1, 8)
+    pos = torch.arange(6)[None]
+    mask = pos[:, :, None] >= torch.arange(8)[None, None, :]
+    torch.testing.assert_close(full, pair8.target(tokens, pos, cache, pos, mask).logits)
+
+
+@pytest.mark.parametrize("method,budget,cap", [("dflash", 3, 1), ("ddtree", 4, 2), ("ddtree", 16, 4)])
+def test_offline_accept_count_equals_the_decoders(pair8, method, budget, cap):
+    from ddtree.reference.offline import offline_accept_lengths
+
+    n, total = 40, 0
+    for prompt in PROMPTS[:3]:
+        cont = generate(pair8, [prompt], max_new_tokens=n + pair8.block_size, method="ar")[0].tokens
+        engine = generate(pair8, [prompt], max_new_tokens=n, method=method, budget=budget, topk_cap=cap)[0]
+        if method == "dflash":
+            budget, cap = pair8.block_size - 1, 1
+        offline = offline_accept_lengths(pair8, prompt, cont, budget=budget, topk_cap=cap, max_new_tokens=n)
+        assert offline == engine.accept_lengths
+        total += sum(offline)
+    assert total > 0, "nothing accepted: the comparison is vacuous"

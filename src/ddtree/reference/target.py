@@ -89,3 +89,10 @@ class TargetLM(nn.Module):
                 captured.append(x)
         hidden = torch.cat([captured[capture.index(i)] for i in capture], dim=-1) if capture else x[..., :0]
         return TargetOutput(logits=self.lm_head(self.norm(x)), hidden=hidden)
+
+    def forward_sequence(self, tokens: torch.Tensor, capture: tuple[int, ...] = ()) -> TargetOutput:
+        """Training / offline form: causal pass over whole sequences tokens [bs, T] at positions 0..T-1."""
+        bs, t = tokens.shape
+        pos = torch.arange(t, device=tokens.device).expand(bs, t)
+        causal = (pos[:, :, None] >= pos[:, None, :])                  # [bs, T, T]
+        return self(tokens, pos, self.new_cache(bs, t), pos, causal, capture=capture)

@@ -1,0 +1,46 @@
+"""Offline acceptance count: how many draft tokens a tree would accept along a known continuation.
+
+A check on the decoder, computed independently of its KV cache, compaction and draft-context
+updates: one causal target pass over prompt + continuation gives every hidden state; at each step
+the draft sees the context before the root (DFlashDraft.block_logits), the tree is built, and the
+walk accepts the longest path that spells the continuation. With the target's own greedy
+continuation (temperature 0) the per-step accept lengths must equal the decoder's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree import build_tree
+from ddtree.reference.pair import Pair
+from ddtree.verify import walk_tree
+
+
+@torch.no_grad()
+def offline_accept_lengths(pair: Pair, prompt: list[int], continuation: list[int], *, budget: int,
+                           topk_cap: int, max_new_tokens: int) -> list[int]:
+    """Accepted draft tokens per step until max_new_tokens are emitted.
+
+    continuation: the target's greedy continuation of prompt, at least max_new_tokens + L + 1 long
+    (so the last step's walk is not cut short by the end of what is known).
+    """
+    depth = pair.block_size - 1
+    if len(continuation) < max_new_tokens + depth + 1:
+        raise ValueError(f"continuation has {len(continuation)} tokens: expected at least max_new_tokens + L + 1 = "
+                         f"{max_new_tokens + depth + 1}")
+    dev = pair.target.lm_head.weight.device
+    seq = torch.tensor([prompt + continuation], dtype=torch.int64, device=dev)       # [1, T]
+    hidden = pair.target.forward_sequence(seq, capture=tuple(pair.draft.config.target_layer_ids)).hidden
+    root, emitted, accepts = len(prompt) - 1, 0, []
+    while emitted < max_new_tokens:
+        draft = pair.draft.block_logits(hidden[:, :root + 1], seq[:, :root + 1],
+                                        torch.tensor([[root]], device=dev))[:, 0]    # [1, L, V]
+        tree = build_tree(draft, seq[:, root], budget=budget, topk_cap=topk_cap)
+        # the target's token after each node, along the known continuation: seq[root + depth + 1]
+        after = (root + tree.depths.clamp(min=0) + 1).clamp(max=seq.shape[1] - 1)    # [1, N]
+        verdict = walk_tree(tree, seq.gather(1, after))
+        accepted = int(verdict.accept_len[0])
+        accepts.append(accepted)
+        emitted += accepted + 1
+        root += accepted + 1
+    return accepts
