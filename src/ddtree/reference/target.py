@@ -95,4 +95,9 @@ class TargetLM(nn.Module):
         bs, t = tokens.shape
         pos = torch.arange(t, device=tokens.device).expand(bs, t)
         causal = (pos[:, :, None] >= pos[:, None, :])                  # [bs, T, T]
-        return self(tokens, pos, self.new_cache(bs, t), pos, causal, capture=capture)
+        cache = self.new_cache(bs, t)
+        kind = tokens.device.type
+        if torch.is_autocast_enabled(kind):                            # K/V come out in the autocast dtype
+            dtype = torch.get_autocast_dtype(kind)
+            cache = KVCache(k=cache.k.to(dtype), v=cache.v.to(dtype))
+        return self(tokens, pos, cache, pos, causal, capture=capture)

@@ -1,0 +1,216 @@
+"""Train a small byte-level target + DFlash drafts (block 8 and 16) on Python's standard library.
+
+Run on the lent H200:  PYTHONPATH=src python3 bench/train_pair.py --out DIR [--minutes 8]
+
+Corpus: the .py files of the running Python's standard library (every machine has them), one
+<bos> + bytes per file; the held-out split is by file (a seeded 5% of the files), never by byte
+offset. Stages, each limited by its share of --minutes of wall time:
+  target  TargetLM, next-byte cross-entropy on 512-byte windows (bf16 autocast, AdamW, warm-up
+          then cosine decay over the stage's time);
+  drafts  DFlashDraft per block size on the frozen target's hidden states: 16 anchors per window,
+          each a block (root byte, then masks) that sees the context before its root; loss = mean
+          cross-entropy over depths 1..L.
+Writes DIR/b8 and DIR/b16 (each a pair directory load_pair reads: target/ + draft/),
+DIR/heldout_prompts.json (prompts cut from held-out files at line starts) and DIR/train.json
+(configuration, losses, held-out losses, per-depth draft top-1 accuracy); prints the losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ddtree.reference.config import DraftConfig, TargetConfig
+from ddtree.reference.draft import DFlashDraft
+from ddtree.reference.pair import Pair, save_pair
+from ddtree.reference.target import TargetLM
+from ddtree.reference.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer()
+
+
+@dataclass
+class Corpus:
+    train: torch.Tensor          # int64 [n] the training files, each <bos> + bytes, concatenated
+    heldout: torch.Tensor        # int64 [m] the held-out files, likewise
+    heldout_files: list[str]
+    train_files: int
+
+
+def load_corpus(seed: int, heldout_share: float = 0.05) -> tuple[Corpus, list[bytes]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
+    rng = random.Random(seed)
+    held = set(rng.sample(range(len(files)), max(1, int(len(files) * heldout_share))))
+    train, heldout, held_names, held_texts = [], [], [], []
+    bos = np.array([TOK.bos_token_id], dtype=np.int16)
+    for i, path in enumerate(files):
+        data = path.read_bytes()
+        ids = np.concatenate([bos, np.frombuffer(data, dtype=np.uint8).astype(np.int16)])
+        if i in held:
+            heldout.append(ids)
+            held_names.append(str(path.relative_to(root)))
+            held_texts.append(data)
+        else:
+            train.append(ids)
+    corpus = Corpus(torch.from_numpy(np.concatenate(train)).long(), torch.from_numpy(np.concatenate(heldout)).long(),
+                    held_names, len(files) - len(held))
+    return corpus, held_texts
+
+
+def configs(block_size: int) -> tuple[TargetConfig, DraftConfig]:
+    target = TargetConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                          num_key_value_heads=4, head_dim=64, max_position_embeddings=2048)
+    draft = DraftConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=8,
+                        num_key_value_heads=4, head_dim=64, block_size=block_size, target_layer_ids=[1, 4, 7],
+                        mask_token_id=TOK.mask_token_id)
+    return target, draft
+
+
+def windows(data: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """batch random windows [batch, length] of the stream (on data's device)."""
+    start = torch.randint(0, data.numel() - length, (batch,), generator=gen)
+    return data[(start[:, None] + torch.arange(length)).to(data.device)]
+
+
+def lr_at(step_fraction: float, peak: float, warmup: float = 0.03) -> float:
+    if step_fraction < warmup:
+        return peak * step_fraction / warmup
+    progress = (step_fraction - warmup) / (1 - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def target_loss(target: TargetLM, x: torch.Tensor) -> torch.Tensor:
+    logits = target.forward_sequence(x[:, :-1]).logits
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+
+
+def draft_loss(target: TargetLM, draft: DFlashDraft, x: torch.Tensor, anchors_per_seq: int,
+               gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy over depths; also the per-depth top-1 accuracy [L]."""
+    bs, t = x.shape
+    depth = draft.config.block_size - 1
+    with torch.no_grad():
+        hidden = target.forward_sequence(x, capture=tuple(draft.config.target_layer_ids)).hidden
+    anchors = torch.randint(1, t - depth, (bs, anchors_per_seq), generator=gen).to(x.device)   # [bs, K]
+    logits = draft.block_logits(hidden, x, anchors)                                          # [bs, K, L, V]
+    labels = x.gather(1, (anchors[:, :, None] + torch.arange(1, depth + 1, device=x.device)).reshape(bs, -1))
+    labels = labels.view(bs, anchors_per_seq, depth)
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    accuracy = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))                       # [L]
+    return loss, accuracy
+
+
+def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int, name: str) -> list[float]:
+    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    start, losses, step = time.perf_counter(), [], 0
+    while (elapsed := time.perf_counter() - start) < seconds:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(elapsed / seconds, peak_lr)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):
+            loss = loss_fn()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if step % log_every == 0:
+            losses.append(float(loss))
+            print(f"{name} step {step:5d} {elapsed:6.1f}s loss {losses[-1]:.4f}", flush=True)
+    print(f"{name}: {step} steps in {time.perf_counter() - start:.0f}s", flush=True)
+    return losses
+
+
+@torch.no_grad()
+def evaluate(fn, batches: int) -> float:
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):
+        return sum(float(fn()) for _ in range(batches)) / batches
+
+
+def heldout_prompts(texts: list[bytes], count: int, length: int, seed: int) -> list[list[int]]:
+    """Prompts of about `length` bytes that start at a line start inside held-out files."""
+    rng = random.Random(seed)
+    usable = [t for t in texts if len(t) > 4 * length]
+    prompts = []
+    while len(prompts) < count:
+        text = rng.choice(usable)
+        at = text.rfind(b"\n", 0, rng.randrange(0, len(text) - 2 * length)) + 1
+        prompts.append([TOK.bos_token_id] + list(text[at: at + length]))
+    return prompts
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output directory (DIR/b8, DIR/b16, ...)")
+    ap.add_argument("--minutes", type=float, default=8.0, help="wall-time budget of all training (at most 8)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--block-sizes", default="8,16")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    if not 0 < args.minutes <= 8:
+        ap.error(f"--minutes {args.minutes} is invalid: expected 0 < minutes <= 8")
+    blocks = [int(b) for b in args.block_sizes.split(",")]
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    corpus, held_texts = load_corpus(args.seed)
+    dev = torch.device(args.device)
+    train_data, held_data = corpus.train.to(dev), corpus.heldout.to(dev)
+    print(f"corpus: {corpus.train_files} training files ({train_data.numel() / 1e6:.1f} MB), "
+          f"{len(corpus.heldout_files)} held-out files ({held_data.numel() / 1e6:.2f} MB)", flush=True)
+    budget = args.minutes * 60
+    target_cfg, _ = configs(blocks[0])
+    target = TargetLM(target_cfg).to(dev)
+    report = {"seed": args.seed, "minutes": args.minutes, "device": str(dev), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
+              "target_config": asdict(target_cfg), "heldout_files": corpus.heldout_files,
+              "train_files": corpus.train_files, "drafts": {}}
+    report["target_losses"] = train(
+        target, list(target.parameters()),
+        lambda: target_loss(target, windows(train_data, args.batch, args.seq + 1, gen)),
+        0.55 * budget, 1.5e-3, 100, "target")
+    target.eval().requires_grad_(False)
+    report["target_heldout_loss"] = evaluate(
+        lambda: target_loss(target, windows(held_data, args.batch, args.seq + 1, gen)), 20)
+    print(f"target held-out loss {report['target_heldout_loss']:.4f} nats/byte", flush=True)
+    for block in blocks:
+        _, draft_cfg = configs(block)
+        draft = DFlashDraft(draft_cfg, target_cfg.hidden_size, target.embed_tokens, target.lm_head).to(dev)
+
+        def step(data=train_data, d=draft):
+            return draft_loss(target, d, windows(data, args.batch // 2, args.seq, gen), 16, gen)[0]
+
+        losses = train(draft, list(draft.parameters()), step, 0.45 * budget / len(blocks), 2e-3, 100, f"draft b{block}")
+        draft.eval()
+        with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16,
+                                             enabled=dev.type == "cuda"):
+            results = [draft_loss(target, draft, windows(held_data, args.batch // 2, args.seq, gen), 16, gen)
+                       for _ in range(10)]
+        held_loss = sum(float(r[0]) for r in results) / len(results)
+        accuracy = (sum(r[1] for r in results) / len(results)).tolist()
+        report["drafts"][f"b{block}"] = {"config": asdict(draft_cfg), "losses": losses, "heldout_loss": held_loss,
+                                         "heldout_top1_by_depth": accuracy}
+        print(f"draft b{block} held-out loss {held_loss:.4f}; top-1 by depth "
+              + " ".join(f"{a:.2f}" for a in accuracy), flush=True)
+        save_pair(Pair(target=target, draft=draft, tokenizer=TOK), Path(args.out) / f"b{block}")
+    out = Path(args.out)
+    (out / "heldout_prompts.json").write_text(json.dumps(heldout_prompts(held_texts, args.prompts, 256, args.seed)))
+    (out / "train.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
