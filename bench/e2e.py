@@ -417,6 +417,8 @@ def main(argv=None) -> int:
         for case in cases(pair, args):
             row = measure(pair, case, args) if args.in_process else in_subprocess(case, argv)
             rows.append(row)
+            if args.json:                  # kept after every case: a cut-short run keeps what it measured
+                json.dump({"header": "partial", "rows": [asdict(r) for r in rows]}, open(args.json, "w"), indent=1)
             off = f" offline {row.offline_tokens_per_step:.2f}" if row.offline_tokens_per_step is not None else ""
             print(f"{case.method:6s} budget {case.budget:4d} cap {case.cap:3d} bs {case.bs:2d} t {case.temperature:g} "
                   f"{case.mode:6s} step {row.step_ms:8.3f} ms {row.tokens_per_s:9.0f} tok/s "

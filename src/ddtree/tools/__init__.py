@@ -1,0 +1,1 @@
+"""Operator tools run on the serving host (python -m ddtree.tools.<name>)."""
