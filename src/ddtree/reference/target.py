@@ -31,8 +31,8 @@ class KVCache:
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k/v [bs, KV, T, hd] at slots int64 [bs, T] (mutates the cache)."""
         index = slots[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, index, k)
-        self.v[layer].scatter_(2, index, v)
+        self.k[layer].scatter_(2, index, k.to(self.k.dtype))     # under autocast k and v can differ
+        self.v[layer].scatter_(2, index, v.to(self.v.dtype))
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slots src -> dst (int64 [bs, T]) in every layer; all reads happen before writes."""
