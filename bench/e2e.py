@@ -154,6 +154,7 @@ def decode_rounds(decoder: Decoder, batches, req: RequestParams, args) -> tuple[
         seconds += time.perf_counter() - t0
         emitted += sum(len(o.tokens) for o in state.outputs) - before
         steps += args.steps
+        decoder.cancel(state)              # frees the graph bucket for the next batch
         states.append(state)
     return seconds, emitted, steps, states
 
@@ -211,6 +212,8 @@ def run_case(pair: Pair, method: str, budget: int, cap: int, bs: int, graphs: bo
         for name, ms in timer(staged, sstate):
             if i >= args.warmup:
                 totals[name] = totals.get(name, 0.0) + ms / args.steps
+    if graphs and (sstate.graph_bucket is None or any(st.graph_bucket is None for st in states)):
+        raise RuntimeError(f"{method} budget {budget}: a batch fell back to eager decoding in a graphs case")
     all_steps = sum(o.num_verify_steps for st in states for o in st.outputs)
     all_tokens = sum(len(o.tokens) for st in states for o in st.outputs)
     del decoder, states, staged, sstate

@@ -93,3 +93,16 @@ def test_shapes_without_a_bucket_fall_back_to_eager_and_say_so_once(caplog):
     assert a.graph_bucket is None and b.graph_bucket is None
     assert [g.tokens for g in a.outputs] == [g.tokens for g in b.outputs]
     assert sum("largest captured bucket" in r.message for r in caplog.records) == 1
+
+
+def test_a_cancelled_batch_frees_its_bucket_for_the_next_one():
+    pair = cuda_pair()
+    decoder = Decoder(pair, "ddtree", 4, 2, cuda_graphs=True)
+    req = RequestParams(max_new_tokens=40)
+    first = decoder.start(PROMPTS, [req] * len(PROMPTS))
+    decoder.step(first)
+    decoder.cancel(first)
+    second = decode(decoder, PROMPTS, req)
+    assert second.graph_bucket is first.graph_bucket
+    assert [g.tokens for g in second.outputs] == [g.tokens for g in decode(Decoder(pair, "ddtree", 4, 2), PROMPTS,
+                                                                           req).outputs]

@@ -193,3 +193,14 @@ def test_offline_accept_count_equals_the_decoders(pair8, method, budget, cap):
         assert offline == engine.accept_lengths
         total += sum(offline)
     assert total > 0, "nothing accepted: the comparison is vacuous"
+
+
+def test_cancel_ends_a_batch_and_keeps_what_it_emitted(pair8):
+    decoder = Decoder(pair8, "ddtree", 4, 2)
+    state = decoder.start(PROMPTS[:2], [RequestParams(max_new_tokens=50)] * 2)
+    decoder.step(state)
+    emitted = [list(o.tokens) for o in state.outputs]
+    decoder.cancel(state)
+    assert state.done and not state.live.any()
+    assert [o.finish_reason for o in state.outputs] == ["cancelled", "cancelled"]
+    assert [o.tokens for o in state.outputs] == emitted and all(emitted)

@@ -31,7 +31,7 @@ class Generation:
     tokens: list[int]                 # generated tokens (a stop token, if hit, is the last one)
     num_verify_steps: int             # target passes after prefill
     accept_lengths: list[int]         # accepted draft tokens per step (0 for ar); tokens = that + 1
-    finish_reason: str = "length"     # "stop" | "length"
+    finish_reason: str = "length"     # "stop" | "length" | "cancelled" (Decoder.cancel)
     # with RequestParams.logprobs_top = k > 0: per token (its target log-prob, [(id, log-prob)] x k)
     logprobs: list[tuple[float | None, list[tuple[int, float]]]] = field(default_factory=list)
 
@@ -161,6 +161,14 @@ class Decoder:
                 state.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._prefill(state, prompts)
         return state
+
+    def cancel(self, state: BatchState) -> None:
+        """End every request of a batch now (finish_reason 'cancelled'); frees its graph bucket."""
+        for b, out in enumerate(state.outputs):
+            if state.active[b]:
+                out.finish_reason = "cancelled"
+        state.active = [False] * len(state.active)
+        state.live.zero_()
 
     def _check_prompts(self, prompts: list[list[int]], requests: list[RequestParams]) -> None:
         vocab = self.pair.target.config.vocab_size
