@@ -89,7 +89,9 @@ def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
                  "ProtectSystem=full", "ProtectHome=yes", "PrivateTmp=yes", "ReadWritePaths=/var/lib/k26"):
         assert line in unit.splitlines(), line
     assert not any(line.startswith(("PrivateDevices", "DevicePolicy")) for line in unit.splitlines())  # GPUs reachable
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in env and "NCCL_NVLS_ENABLE=0" in env
+    assert "NCCL_NVLS_ENABLE=0" in env and "EnvironmentFile=-/etc/k26/gpu-host.env" in unit.splitlines()
+    nccl = yaml.safe_load((ROOT / "inventory/production/group_vars/k26/nccl.yml").read_text())
+    assert nccl["k26_pcie_ipc_allreduce"] is True and nccl["k26_nccl_p2p"] == "auto"
 
 
 @pytest.mark.parametrize("graphs,budget,cap", [(True, 8, 4), (False, 32, 8), (False, 128, 16), (True, 512, 8)])
@@ -142,6 +144,8 @@ BAD_PREFLIGHT = [
     ({"k26_model_path": "/nonexistent"}, "k26_model_path=/nonexistent has no config.json"),
     ({"k26_speculative_algorithm": "EAGLE"}, "k26_speculative_algorithm"),
     ({"k26_min_free_disk_gb": 10**9}, "k26_min_free_disk_gb=1000000000"),
+    ({"k26_min_driver_version": "R580"}, "k26_min_driver_version=R580 is invalid: expected a version"),
+    ({"k26_nccl_p2p": "maybe"}, "k26_nccl_p2p=maybe is invalid: expected auto"),
 ]
 
 

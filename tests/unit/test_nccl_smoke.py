@@ -32,3 +32,9 @@ def test_the_command_line_names_bad_values():
     assert r.returncode == 2 and "--world-size 0 is invalid" in r.stderr
     r = cli("--backend", "gloo", "--world-size", "2", "--json")
     assert r.returncode == 0 and '"ok": true' in r.stdout
+
+
+def test_jit_warmup_says_what_is_missing():
+    r = subprocess.run([sys.executable, "-m", "ddtree.tools.jit_warmup"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "SGLang's tree kernels are not importable" in r.stderr or "no CUDA GPU visible" in r.stderr
