@@ -20,6 +20,15 @@ What the decode path has to respect in 0.5.23 (read from its source, for the nex
 - The draft context takes the accepted nodes' target hidden states in path order at positions
   prefix + depth (_append_target_hidden_to_draft_kv_by_loc with commit_lens = accepted + 1).
 - GenerationBatchResult's stride stays the block size: at most depth L + 1 = block tokens a step.
+- Triton attention, TARGET_VERIFY: eager reads spec_info.custom_mask laid out exactly as
+  glue.full_mask (per request N rows x (prefix + N) columns, mask_indptr = cumsum of
+  N * (seq_len + N)); under graphs it copies the mask into a uint8 VerifyMask buffer sized by the
+  backend's num_draft_tokens (maybe_create_verify_mask) - another reason the server's
+  speculative_num_draft_tokens must be budget + 1. DFlashVerifyInput says topk = 1 "for backends
+  that gate tree metadata by topk > 1": check every such gate before trusting the mask.
+- Nothing of this can run on this project's machines (the server needs torch 2.14.1 + its
+  kernels); the first run is on the production host, behind validate.yml (DDTREE vs NONE token
+  by token), which must pass before the service is trusted.
 """
 
 from __future__ import annotations
