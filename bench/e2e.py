@@ -179,13 +179,13 @@ def offline_check(pair: Pair, budget: int, cap: int, states, args) -> float:
     from ddtree.reference.offline import offline_accept_lengths
 
     depth = pair.block_size - 1
-    longest = (args.warmup + args.steps + 2) * pair.block_size + depth + 1
+    longest = (args.warmup + args.steps + 2) * (depth + 1) + depth + 1
     steps = tokens = 0
     for state in states:
         for prompt, out in zip(state.prompts, state.outputs):
-            n = len(out.tokens)
+            # as many steps as the engine took for this request (not as many tokens: see offline.py)
             accepts = offline_accept_lengths(pair, prompt, greedy_continuation(pair, prompt, longest),
-                                             budget=budget, topk_cap=cap, max_new_tokens=n)
+                                             budget=budget, topk_cap=cap, max_steps=out.num_verify_steps)
             steps += len(accepts)
             tokens += sum(a + 1 for a in accepts)
     return tokens / steps

@@ -191,6 +191,8 @@ def test_offline_accept_count_equals_the_decoders(pair8, method, budget, cap):
             budget, cap = pair8.block_size - 1, 1
         offline = offline_accept_lengths(pair8, prompt, cont, budget=budget, topk_cap=cap, max_new_tokens=n)
         assert offline == engine.accept_lengths
+        first = offline_accept_lengths(pair8, prompt, cont, budget=budget, topk_cap=cap, max_steps=3)
+        assert first == engine.accept_lengths[:3]
         total += sum(offline)
     assert total > 0, "nothing accepted: the comparison is vacuous"
 

@@ -18,21 +18,27 @@ from ddtree.verify import walk_tree
 
 @torch.no_grad()
 def offline_accept_lengths(pair: Pair, prompt: list[int], continuation: list[int], *, budget: int,
-                           topk_cap: int, max_new_tokens: int) -> list[int]:
-    """Accepted draft tokens per step until max_new_tokens are emitted.
+                           topk_cap: int, max_new_tokens: int | None = None,
+                           max_steps: int | None = None) -> list[int]:
+    """Accepted draft tokens per step, until max_new_tokens are emitted and/or max_steps are taken.
 
-    continuation: the target's greedy continuation of prompt, at least max_new_tokens + L + 1 long
-    (so the last step's walk is not cut short by the end of what is known).
+    continuation: the target's greedy continuation of prompt, long enough for every step's walk:
+    at least max_new_tokens + L + 1 tokens, or max_steps * (L + 1) + L + 1. Compare with the
+    decoder over the same number of steps (max_steps): stopping at a token count instead lets the
+    last step overshoot, which biases tokens per step upward.
     """
     depth = pair.block_size - 1
-    if len(continuation) < max_new_tokens + depth + 1:
-        raise ValueError(f"continuation has {len(continuation)} tokens: expected at least max_new_tokens + L + 1 = "
-                         f"{max_new_tokens + depth + 1}")
+    if max_new_tokens is None and max_steps is None:
+        raise ValueError("offline_accept_lengths needs max_new_tokens or max_steps")
+    need = max(max_new_tokens or 0, (max_steps or 0) * (depth + 1)) + depth + 1
+    if len(continuation) < need:
+        raise ValueError(f"continuation has {len(continuation)} tokens: expected at least {need} "
+                         "(the tokens the steps can emit + L + 1)")
     dev = pair.target.lm_head.weight.device
     seq = torch.tensor([prompt + continuation], dtype=torch.int64, device=dev)       # [1, T]
     hidden = pair.target.forward_sequence(seq, capture=tuple(pair.draft.config.target_layer_ids)).hidden
     root, emitted, accepts = len(prompt) - 1, 0, []
-    while emitted < max_new_tokens:
+    while (max_new_tokens is None or emitted < max_new_tokens) and (max_steps is None or len(accepts) < max_steps):
         draft = pair.draft.block_logits(hidden[:, :root + 1], seq[:, :root + 1],
                                         torch.tensor([[root]], device=dev))[:, 0]    # [1, L, V]
         tree = build_tree(draft, seq[:, root], budget=budget, topk_cap=topk_cap)
