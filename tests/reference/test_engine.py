@@ -206,3 +206,21 @@ def test_cancel_ends_a_batch_and_keeps_what_it_emitted(pair8):
     assert state.done and not state.live.any()
     assert [o.finish_reason for o in state.outputs] == ["cancelled", "cancelled"]
     assert [o.tokens for o in state.outputs] == emitted and all(emitted)
+
+
+def test_a_request_ended_from_outside_stops_advancing(pair8):
+    """A server cancels a request by clearing state.active[b]; its row must stop moving (its cache
+    slots are sized for its own max_new_tokens), while the others decode on unchanged."""
+    decoder = Decoder(pair8, "ddtree", 4, 2)
+    req = RequestParams(max_new_tokens=30)
+    alone = decoder.start(PROMPTS[:1], [req])
+    while not alone.done:
+        decoder.step(alone)
+    state = decoder.start(PROMPTS[:2], [req, RequestParams(max_new_tokens=3)])
+    decoder.step(state)
+    state.active[1] = False                                   # cancelled by the caller
+    frozen = int(state.lengths[1])
+    while not state.done:
+        decoder.step(state)
+    assert int(state.lengths[1]) == frozen
+    assert state.outputs[0].tokens == alone.outputs[0].tokens

@@ -59,6 +59,7 @@ class BatchState:
     outputs: list[Generation] = field(default_factory=list)
     active: list[bool] = field(default_factory=list)
     live: torch.Tensor | None = None   # bool [bs] on the device, mirrors `active` (read inside a step)
+    live_of: list[bool] = field(default_factory=list)  # the `active` that `live` holds
     graph_bucket: object | None = None  # the graphed.Bucket this batch replays in, None = eager
 
     @property
@@ -149,7 +150,7 @@ class Decoder:
             roots=torch.tensor([p[-1] for p in prompts], dtype=torch.int64, device=self.device),
             params=self._sampling(requests), requests=requests, generator=None,
             outputs=[Generation([], 0, []) for _ in prompts], active=[True] * bs,
-            live=torch.ones(bs, dtype=torch.bool, device=self.device))
+            live=torch.ones(bs, dtype=torch.bool, device=self.device), live_of=[True] * bs)
         slots = max(len(p) + r.max_new_tokens for p, r in zip(prompts, requests)) + self.window
         bucket = self.graphs.claim(state, slots) if self.graphs is not None else None
         if bucket is not None:
@@ -168,7 +169,7 @@ class Decoder:
             if state.active[b]:
                 out.finish_reason = "cancelled"
         state.active = [False] * len(state.active)
-        state.live.zero_()
+        self._sync_live(state)
 
     def _check_prompts(self, prompts: list[list[int]], requests: list[RequestParams]) -> None:
         vocab = self.pair.target.config.vocab_size
@@ -219,12 +220,21 @@ class Decoder:
     @torch.no_grad()
     def step(self, state: BatchState) -> list[list[int]]:
         """One target pass for every active request; returns the tokens each request emitted."""
+        self._sync_live(state)
         if state.graph_bucket is not None:
             return self.finish_step(state, self.graphs.replay(state))
         io = self.step_io(state)
         for _, stage in self.stages():
             stage(io)
         return self.finish_step(state, io)
+
+    @staticmethod
+    def _sync_live(state: BatchState) -> None:
+        """Mirror `active` (host; the commit and callers such as a server's cancel change it) into
+        the device flags a step reads; copies only when it changed."""
+        if state.live_of != state.active:
+            state.live.copy_(torch.tensor(state.active, device=state.live.device))
+            state.live_of = list(state.active)
 
     def step_io(self, state: BatchState) -> StepIO:
         return StepIO(roots=state.roots, lengths=state.lengths, live=state.live, params=state.params,
@@ -318,7 +328,6 @@ class Decoder:
                      info=None) -> list[list[int]]:
         """Append each active request's tokens up to its stop token or limit (one host sync)."""
         rows, accepts = emitted.tolist(), accept.tolist()
-        active_before = sum(state.active)
         vocab = self.pair.target.config.vocab_size
         new: list[list[int]] = []
         for b, req in enumerate(state.requests):
@@ -349,8 +358,6 @@ class Decoder:
                     state.active[b] = False
                     break
             new.append(fresh)
-        if sum(state.active) != active_before:                                   # a request finished
-            state.live.copy_(torch.tensor(state.active, device=self.device))
         return new
 
 
