@@ -160,3 +160,36 @@ def test_target_verify_width_is_budget_plus_one_and_the_draft_keeps_its_block():
               env={"SGLANG_DDTREE_BUDGET": "48"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["49", "8"]
+
+
+def test_the_commit_plan_of_a_chain_matches_dflash_accept_in_sglang():
+    """Budget = L, cap 1 is the DFlash chain: our commit (tokens, lengths, bonus) equals SGLang's own
+    greedy DFlash accept + _commit_accept on the same candidates and target predictions."""
+    import torch
+    from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus
+    from sglang.srt.speculative.dflash_worker_v2 import _commit_accept
+
+    from ddtree import build_tree
+    from ddtree.sglang.glue import commit_plan
+    from ddtree.verify import walk_tree
+
+    g = torch.Generator().manual_seed(0)
+    bs, depth, vocab = 6, 7, 5
+    draft = torch.randn(bs, depth, vocab, generator=g)
+    roots = torch.randint(0, vocab, (bs,), generator=g)
+    chain = build_tree(draft, roots, budget=depth, topk_cap=1, backend="torch")
+    candidates = chain.tokens                                                # [bs, L+1] root + chain
+    # the target agrees with the chain for a different number of steps per request
+    target = torch.randint(0, vocab, (bs, depth + 1), generator=g)
+    for b in range(bs):
+        target[b, :b] = candidates[b, 1:b + 1]
+    accept, bonus = compute_dflash_correct_drafts_and_bonus(candidates=candidates, target_predict=target)
+    want_tokens, want_lens = _commit_accept(candidates, accept, bonus)
+    plan = commit_plan(walk_tree(chain, target), torch.arange(bs * (depth + 1)).view(bs, -1),
+                       torch.zeros(bs, dtype=torch.int64))
+    assert plan.commit_lens.tolist() == want_lens.tolist()
+    assert plan.bonus.tolist() == bonus.tolist()
+    for b in range(bs):
+        k = int(want_lens[b])
+        assert plan.out_tokens[b, :k].tolist() == want_tokens[b, :k].tolist()
+    assert sorted(set(accept.tolist())) == list(range(min(bs, depth + 1)))   # every accept length 0..5 seen

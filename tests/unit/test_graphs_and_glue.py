@@ -109,3 +109,41 @@ def test_cuda_graphs_on_a_cpu_pair_is_refused_with_the_fix():
 
     with pytest.raises(ValueError, match="cuda_graphs=True needs the pair on a CUDA device"):
         Decoder(small_vocab_pair(), "ddtree", 4, 2, cuda_graphs=True)
+
+
+def test_commit_plan_keeps_the_accepted_path_by_permuting_the_window():
+    from ddtree.sglang.glue import commit_plan, rewrite_req_to_token
+    from ddtree.tree import DraftTree
+    from ddtree.verify import walk_tree
+
+    # request 0: root -> {5 (node 1), 6 (node 2)}, 5 -> 7 (node 3); request 1: a chain 4 -> 8 -> 9 (nodes 1..3)
+    tokens = torch.tensor([[1, 5, 6, 7], [2, 4, 8, 9]])
+    parents = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]])
+    depths = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]])
+    anc = torch.zeros(2, 4, 4, dtype=torch.bool)
+    for b in range(2):
+        for i in range(4):
+            j = i
+            while j >= 0:
+                anc[b, i, j] = True
+                j = int(parents[b, j])
+    tree = DraftTree(tokens=tokens, parents=parents, depths=depths, ancestor_mask=anc,
+                     scores=torch.zeros(2, 4), num_nodes=torch.tensor([4, 4]), max_depth=3)
+    # target: request 0 accepts 5 then 7, bonus 3; request 1 accepts 4 only, bonus 0
+    targets = torch.tensor([[5, 7, 0, 3], [4, 0, 0, 0]])
+    verdict = walk_tree(tree, targets)
+    window = torch.tensor([[100, 101, 102, 103], [200, 201, 202, 203]])   # node i's K/V at slot window[b, i]
+    prefix = torch.tensor([3, 1])
+    plan = commit_plan(verdict, window, prefix)
+    assert plan.window.tolist() == [[100, 101, 103, 102], [200, 201, 202, 203]]
+    assert plan.out_tokens.tolist() == [[5, 7, 3, 0], [4, 0, 0, 0]]
+    assert plan.commit_lens.tolist() == [3, 2] and plan.commit_lens.dtype == torch.int32
+    assert plan.bonus.tolist() == [3, 0]
+    assert plan.hidden_rows.tolist() == [[0, 1, 3, 0], [4, 5, 4, 4]]
+    assert plan.positions.tolist() == [[3, 4, 5, 6], [1, 2, 3, 4]]
+    # the token table: rows 7 and 2 of a pool; afterwards position prefix + j holds path node j's slot
+    req_to_token = torch.zeros(10, 12, dtype=torch.int32)
+    rewrite_req_to_token(req_to_token, torch.tensor([7, 2]), prefix, plan.window)
+    assert req_to_token[7, 3:7].tolist() == [100, 101, 103, 102]
+    assert req_to_token[2, 1:5].tolist() == [200, 201, 202, 203]
+    assert int(req_to_token.sum()) == sum(range(100, 104)) + sum(range(200, 204))

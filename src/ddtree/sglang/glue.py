@@ -73,3 +73,48 @@ def accept_from_verdict(verdict: Verdict, width: int) -> AcceptResult:
     # the token emitted after accepted node j is verdict.tokens[:, j] (draft token j+1, or the bonus)
     predict[index[live]] = verdict.tokens[live]
     return AcceptResult(accept_index=index, accept_length=verdict.accept_len, predict=predict)
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """What a decode step writes back after its verdict (device tensors, no host synchronisation).
+
+    With page size 1 the accepted path is kept without moving K/V: the request's reserved window of
+    N slots (req_to_token[r, prefix : prefix + N], node i's K/V at slot window[i]) is permuted so the
+    accepted nodes' slots come first, in path order; the other slots stay reserved for the next step.
+    """
+
+    window: torch.Tensor       # int64 [bs, N]    the permuted window: accepted nodes' slots (path order), then the rest
+    out_tokens: torch.Tensor   # int64 [bs, L+1]  accepted draft tokens, then the bonus; 0 after (SGLang's out_tokens)
+    commit_lens: torch.Tensor  # int32 [bs]       accepted draft tokens + 1 (tokens committed this step)
+    bonus: torch.Tensor        # int64 [bs]       the next root
+    hidden_rows: torch.Tensor  # int64 [bs, L+1]  verify-pass rows b*N + node of the path (root first; root row as padding)
+    positions: torch.Tensor    # int64 [bs, L+1]  prefix + j: where path token j now sits
+
+
+def commit_plan(verdict: Verdict, window: torch.Tensor, prefix_lens: torch.Tensor) -> CommitPlan:
+    """verdict over trees of width N; window int64 [bs, N] (slot of node i); prefix_lens int64 [bs]."""
+    bs, n = window.shape
+    steps = verdict.accepted.shape[1]                                        # L + 1
+    dev = window.device
+    valid = verdict.accepted >= 0                                            # [bs, L+1]
+    rank = torch.arange(n, n + n + 1, device=dev).repeat(bs, 1)             # [bs, N+1] not accepted: after the path
+    path_rank = torch.arange(steps, device=dev).expand(bs, steps)
+    target_col = torch.where(valid, verdict.accepted, n)                    # padding goes to a spare column
+    rank.scatter_(1, target_col, path_rank)
+    order = rank[:, :n].argsort(dim=1, stable=True)                          # [bs, N]
+    base = torch.arange(bs, device=dev)[:, None] * n
+    return CommitPlan(window=window.gather(1, order),
+                      out_tokens=verdict.tokens.clamp(min=0),
+                      commit_lens=(verdict.accept_len + 1).to(torch.int32),
+                      bonus=verdict.bonus,
+                      hidden_rows=base + verdict.accepted.clamp(min=0),
+                      positions=prefix_lens[:, None] + path_rank)
+
+
+def rewrite_req_to_token(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+                         window: torch.Tensor) -> None:
+    """req_to_token[r, prefix + i] = window[b, i] for each request b (row r): the permuted window."""
+    n = window.shape[1]
+    cols = prefix_lens[:, None] + torch.arange(n, device=window.device)          # [bs, N]
+    req_to_token[req_pool_indices[:, None], cols] = window.to(req_to_token.dtype)
