@@ -193,3 +193,31 @@ def test_the_commit_plan_of_a_chain_matches_dflash_accept_in_sglang():
         k = int(want_lens[b])
         assert plan.out_tokens[b, :k].tolist() == want_tokens[b, :k].tolist()
     assert sorted(set(accept.tolist())) == list(range(min(bs, depth + 1)))   # every accept length 0..5 seen
+
+
+def test_sglang_sampling_info_maps_to_ddtree_sampling_params():
+    """Real SGLang SamplingParams (their greedy and 'no top-k' encodings) -> the tensors verify_tree takes."""
+    import torch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.sampling.sampling_params import SamplingParams as SgParams
+
+    from ddtree.sglang.glue import sampling_params_from_sglang
+
+    reqs = [SgParams(temperature=0.0), SgParams(temperature=0.7, top_k=20, top_p=0.9),
+            SgParams(temperature=1.3, min_p=0.05)]
+    vocab = 1000
+    info = SamplingBatchInfo(
+        temperatures=torch.tensor([r.temperature for r in reqs]).view(-1, 1),
+        top_ps=torch.tensor([r.top_p for r in reqs]), top_ks=torch.tensor([r.top_k for r in reqs], dtype=torch.int32),
+        min_ps=torch.tensor([r.min_p for r in reqs]), is_all_greedy=False, is_any_greedy=True,
+        need_top_p_sampling=True, need_top_k_sampling=True, need_min_p_sampling=True, vocab_size=vocab)
+    p = sampling_params_from_sglang(info, vocab)
+    assert p.temperature.tolist() == pytest.approx([0.0, 0.7, 1.3])
+    assert p.top_k.tolist() == [0, 20, 0]            # greedy's top_k 1 is carried by temperature 0
+    assert p.top_p.tolist() == pytest.approx([1.0, 0.9, 1.0]) and p.min_p.tolist() == pytest.approx([0.0, 0.0, 0.05])
+    assert p.all_greedy is False
+    greedy = sampling_params_from_sglang(
+        SamplingBatchInfo(temperatures=torch.ones(2, 1), top_ps=torch.ones(2), top_ks=torch.ones(2, dtype=torch.int32),
+                          min_ps=torch.zeros(2), is_all_greedy=True, is_any_greedy=True, need_top_p_sampling=False,
+                          need_top_k_sampling=False, need_min_p_sampling=False, vocab_size=vocab), vocab)
+    assert greedy.all_greedy and greedy.top_k is None and greedy.temperature.tolist() == [0.0, 0.0]

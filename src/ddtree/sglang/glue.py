@@ -118,3 +118,23 @@ def rewrite_req_to_token(req_to_token: torch.Tensor, req_pool_indices: torch.Ten
     n = window.shape[1]
     cols = prefix_lens[:, None] + torch.arange(n, device=window.device)          # [bs, N]
     req_to_token[req_pool_indices[:, None], cols] = window.to(req_to_token.dtype)
+
+
+def sampling_params_from_sglang(info, vocab_size: int) -> "SamplingParams":
+    """SGLang's SamplingBatchInfo -> ddtree SamplingParams (duck-typed: no SGLang import).
+
+    SGLang stores a greedy request as temperature 1 with top_k 1 and "no top-k" as top_k >= the
+    vocabulary (TOP_K_ALL); ddtree wants temperature 0 for greedy and top_k <= 0 for off. Filters
+    the batch does not use (need_*_sampling false) are None, as verify_tree skips them statically.
+    """
+    from ddtree.verify import SamplingParams
+
+    top_k = info.top_ks.to(torch.int64).view(-1)                              # [bs]
+    greedy = top_k == 1
+    temperature = torch.where(greedy, 0.0, info.temperatures.view(-1).float())
+    return SamplingParams(
+        temperature=temperature,
+        top_k=torch.where(greedy | (top_k >= vocab_size), 0, top_k) if info.need_top_k_sampling else None,
+        top_p=info.top_ps.view(-1).float() if info.need_top_p_sampling else None,
+        min_p=info.min_ps.view(-1).float() if info.need_min_p_sampling else None,
+        all_greedy=bool(info.is_all_greedy))
