@@ -2,6 +2,7 @@
 
 Run on a machine with several GPUs (or one, world size 1):
     PYTHONPATH=src python3 bench/tp_merge.py [--world N] [--quick] [--out FILE]
+    PYTHONPATH=src python3 bench/tp_merge.py --backend gloo --world 2 --quick   # CPU check of this script
 
 One process per GPU (torch.multiprocessing, NCCL, rendezvous on 127.0.0.1). For every
 (bs, L, budget) with vocabulary 163,840 sharded evenly over the ranks and top-k cap 8, every rank
@@ -35,7 +36,7 @@ class Row:
     depth: int
     budget: int
     equal_unsharded: bool     # every rank: candidates and tree == unsharded
-    graph_exact: bool         # every rank: graph replay == eager
+    graph_exact: bool | None  # every rank: graph replay == eager (None: gloo on CPUs, no graphs)
     eager_ms: float           # rank 0: tp_candidates + build, eager
     graph_ms: float           # rank 0: the same, one graph replay
     gather_ms: float          # rank 0: the all-gather alone
@@ -55,11 +56,16 @@ def configs(quick: bool) -> list[tuple[int, int, int]]:
     return [(bs, d, b) for bs in batches for d in depths for b in budgets]
 
 
-def timed(fn, reps: int = 20) -> float:
+def timed(fn, reps: int = 20, cuda: bool = True) -> float:
     import torch
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
+    if not cuda:
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - start) / reps * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
         fn()
@@ -68,68 +74,77 @@ def timed(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
-def rank_main(rank: int, world: int, port: int, quick: bool, out_path: str) -> None:
+def graph_matches_eager(step, fill) -> bool:
+    """Capture step() in a CUDA graph, replay it on fresh logits, compare with eager."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_cand, g_tree = step()
+    exact = True
+    for seed in (1, 2):
+        fill(seed)
+        e_cand, e_tree = step()
+        graph.replay()
+        exact &= torch.equal(g_cand.tokens, e_cand.tokens) and torch.equal(g_tree.tokens, e_tree.tokens) and \
+            torch.equal(g_tree.parents, e_tree.parents)
+    return bool(exact), graph
+
+
+def rank_main(rank: int, world: int, port: int, quick: bool, out_path: str, backend: str = "nccl") -> None:
     import torch
     import torch.distributed as dist
 
     from ddtree.tp import tp_candidates
     from ddtree.tree import build_tree_from_candidates, draft_candidates_torch
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
-    dev = torch.device("cuda", rank)
-    bounds = [VOCAB * r // world for r in range(world + 1)]
+    cuda = backend == "nccl"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            **({"device_id": dev} if cuda else {}))
+    vocab = VOCAB if cuda else VOCAB // 16            # CPU check: a smaller vocabulary, same code
+    bounds = [vocab * r // world for r in range(world + 1)]
     lo, hi = bounds[rank], bounds[rank + 1]
     rows = []
     for bs, depth, budget in configs(quick):
-        full = torch.empty(bs, depth, VOCAB, dtype=torch.bfloat16, device=dev)
+        full = torch.empty(bs, depth, vocab, dtype=torch.bfloat16, device=dev)
         roots = torch.zeros(bs, dtype=torch.int64, device=dev)
 
         def fill(seed: int) -> None:
             g = torch.Generator(device=dev).manual_seed(seed)
             full.copy_(torch.randn(full.shape, generator=g, device=dev) * 3)
-            roots.copy_(torch.randint(0, VOCAB, (bs,), generator=g, device=dev))
+            roots.copy_(torch.randint(0, vocab, (bs,), generator=g, device=dev))
 
         def step():
             cand = tp_candidates(full[..., lo:hi], CAP, lo)
             return cand, build_tree_from_candidates(cand, roots, budget)
 
-        def unsharded():
-            cand = draft_candidates_torch(full, CAP)
-            return cand, build_tree_from_candidates(cand, roots, budget)
-
         fill(0)
         cand, tree = step()
-        want_cand, want_tree = unsharded()
+        want_cand = draft_candidates_torch(full, CAP)
+        want_tree = build_tree_from_candidates(want_cand, roots, budget)
         equal = (torch.equal(cand.tokens, want_cand.tokens) and torch.allclose(cand.logp, want_cand.logp, atol=1e-5)
                  and torch.equal(tree.tokens, want_tree.tokens) and torch.equal(tree.parents, want_tree.parents))
-        # graph: warm up on a side stream, capture, replay on new logits, compare with eager
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            g_cand, g_tree = step()
-        exact = True
-        for seed in (1, 2):
-            fill(seed)
-            e_cand, e_tree = step()
-            graph.replay()
-            exact &= torch.equal(g_cand.tokens, e_cand.tokens) and torch.equal(g_tree.tokens, e_tree.tokens) and \
-                torch.equal(g_tree.parents, e_tree.parents)
+        exact, graph = graph_matches_eager(step, fill) if cuda else (None, None)
         packed = torch.zeros(bs, depth, 2 * CAP + 1, dtype=torch.float64, device=dev)
         parts = [torch.empty_like(packed) for _ in range(world)]
-        row = Row(world=world, bs=bs, depth=depth, budget=budget, equal_unsharded=bool(equal), graph_exact=bool(exact),
-                  eager_ms=timed(step), graph_ms=timed(graph.replay),
-                  gather_ms=timed(lambda: dist.all_gather(parts, packed)),
+        row = Row(world=world, bs=bs, depth=depth, budget=budget, equal_unsharded=bool(equal), graph_exact=exact,
+                  eager_ms=timed(step, cuda=cuda), graph_ms=timed(graph.replay) if cuda else float("nan"),
+                  gather_ms=timed(lambda: dist.all_gather(parts, packed), cuda=cuda),
                   gather_bytes=world * packed.numel() * packed.element_size())
         # every rank's verdicts travel to rank 0 (an all-reduce of failures)
-        flags = torch.tensor([int(not row.equal_unsharded), int(not row.graph_exact)], device=dev)
+        flags = torch.tensor([int(not row.equal_unsharded), int(exact is False)], device=dev)
         dist.all_reduce(flags)
-        row.equal_unsharded, row.graph_exact = bool(flags[0] == 0), bool(flags[1] == 0)
+        row.equal_unsharded = bool(flags[0] == 0)
+        if exact is not None:
+            row.graph_exact = bool(flags[1] == 0)
         rows.append(row)
         del graph
     if rank == 0:
@@ -143,12 +158,12 @@ def table(rows: list[Row], header: str) -> str:
              "graph ms | all-gather ms | gathered bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.world} | {r.bs} | {r.depth} | {r.budget} | {'yes' if r.equal_unsharded else 'NO'} | "
-                     f"{'yes' if r.graph_exact else 'NO'} | {r.eager_ms:.3f} | {r.graph_ms:.3f} | {r.gather_ms:.3f} | "
+                     f"{ {True: 'yes', False: 'NO', None: 'n/a'}[r.graph_exact]} | {r.eager_ms:.3f} | {r.graph_ms:.3f} | {r.gather_ms:.3f} | "
                      f"{r.gather_bytes} |")
     return "\n".join(lines) + "\n"
 
 
-def run(world: int, quick: bool) -> list[Row]:
+def run(world: int, quick: bool, backend: str = "nccl") -> list[Row]:
     import tempfile
 
     import torch.multiprocessing as mp
@@ -158,7 +173,7 @@ def run(world: int, quick: bool) -> list[Row]:
         os.environ.setdefault(name, value)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        mp.spawn(rank_main, args=(world, free_port(), quick, out), nprocs=world, join=True)
+        mp.spawn(rank_main, args=(world, free_port(), quick, out, backend), nprocs=world, join=True)
         with open(out) as f:
             return [Row(**r) for r in json.load(f)]
 
@@ -170,20 +185,26 @@ def main(argv=None) -> int:
     ap.add_argument("--world", type=int, default=None, help="ranks (default: every visible GPU)")
     ap.add_argument("--quick", action="store_true", help="bs 1, 8; L 7; budget 32")
     ap.add_argument("--out", help="write the table here")
+    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl", help="gloo: a CPU check of the script")
     args = ap.parse_args(argv)
     gpus = torch.cuda.device_count()
     world = args.world or gpus
-    if not 1 <= world <= gpus:
+    if args.backend == "nccl" and not 1 <= world <= gpus:
         print(f"--world {world} is invalid: {gpus} GPU(s) visible", file=sys.stderr)
         return 2
-    rows = run(world, args.quick)
-    header = (f"{time.strftime('%Y-%m-%d')}, {world} x {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; vocabulary {VOCAB} over {world} ranks, cap {CAP}")
+    if world < 1:
+        print(f"--world {world} is invalid: expected >= 1", file=sys.stderr)
+        return 2
+    rows = run(world, args.quick, args.backend)
+    where = (f"{world} x {torch.cuda.get_device_name()}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+             if args.backend == "nccl" else f"{world} CPU processes, gloo, vocabulary {VOCAB // 16}")
+    header = (f"{time.strftime('%Y-%m-%d')}, {where}, torch {torch.__version__}; vocabulary {VOCAB} (NCCL) "
+              f"sharded over {world} ranks, cap {CAP}")
     text = table(rows, header)
     print(text)
     if args.out:
         open(args.out, "w").write(text)
-    return 0 if all(r.equal_unsharded and r.graph_exact for r in rows) else 1
+    return 0 if all(r.equal_unsharded and r.graph_exact is not False for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -46,3 +46,15 @@ def chi_square_pvalue(samples, want: dict) -> float:
         obs[-1] += acc_o
         exp[-1] += acc_e
     return float(stats.chisquare(obs, exp).pvalue)
+
+
+def import_bench(name: str):
+    """Import bench/<name>.py as a module (bench/ on sys.path, so spawned processes find it too)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module(name)

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
+from ..helpers import import_bench
+
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "tp_merge.py"
 
 
 def test_two_ranks_merge_to_the_unsharded_tree_and_replay_in_graphs():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs (a multi-GPU lent machine)")
-    spec = importlib.util.spec_from_file_location("tp_merge", BENCH)
-    tp_merge = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tp_merge)
+    tp_merge = import_bench("tp_merge")
     rows = tp_merge.run(2, quick=True)
     assert rows and all(r.world == 2 for r in rows)
     for r in rows:

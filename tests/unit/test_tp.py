@@ -13,6 +13,8 @@ import torch.multiprocessing as mp
 from ddtree.tp import merge_shards, shard_candidates, tp_candidates
 from ddtree.tree import build_tree_from_candidates, draft_candidates_torch
 
+from ..helpers import import_bench
+
 
 def make_logits(bs=3, depth=4, vocab=1000, seed=0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
@@ -73,3 +75,13 @@ def test_gloo_ranks_agree_with_the_unsharded_tree(world, tmp_path):
         assert torch.equal(tokens, want.tokens)
         assert torch.allclose(logp, want.logp, atol=1e-5)
         assert torch.equal(tree_tokens, want_tree.tokens) and torch.equal(parents, want_tree.parents)
+
+
+def test_the_nccl_benchmark_script_checks_out_with_gloo_on_cpus():
+    """bench/tp_merge.py's own logic (shards, merge, build, the rank-0 verdict) with gloo, so the
+    multi-GPU run it exists for does not fail on the script itself."""
+    tp_merge = import_bench("tp_merge")
+    rows = tp_merge.run(2, quick=True, backend="gloo")
+    assert len(rows) == len(tp_merge.configs(True))
+    assert all(r.equal_unsharded and r.graph_exact is None and r.gather_bytes > 0 for r in rows)
+    assert "| 2 | 1 | 7 | 32 | yes | n/a |" in tp_merge.table(rows, "h")
