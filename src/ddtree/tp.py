@@ -67,3 +67,15 @@ def tp_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int, group=No
     ids = out[..., k:2 * k].long()
     log_z = out[..., 2 * k].float()
     return merge_shards(logits, ids, log_z, k)
+
+
+def vocab_parallel_candidates(hidden: torch.Tensor, weight_shard: torch.Tensor, org_start: int, num_org: int,
+                              k: int, group=None) -> Candidates:
+    """Draft candidates straight from a vocabulary-parallel LM head (SGLang's ParallelLMHead).
+
+    hidden [bs, L, H] (the draft's normalised hidden states at depths 1..L); weight_shard
+    [Vs_padded, H] this rank's rows, of which the first num_org are real tokens org_start.. (the
+    rest pad the shard to an aligned size and must not count, not even in the log-normaliser).
+    """
+    shard_logits = torch.matmul(hidden, weight_shard[:num_org].t())          # [bs, L, num_org]
+    return tp_candidates(shard_logits, k, org_start, group)

@@ -85,3 +85,35 @@ def test_the_nccl_benchmark_script_checks_out_with_gloo_on_cpus():
     assert len(rows) == len(tp_merge.configs(True))
     assert all(r.equal_unsharded and r.graph_exact is None and r.gather_bytes > 0 for r in rows)
     assert "| 2 | 1 | 7 | 32 | yes | n/a |" in tp_merge.table(rows, "h")
+
+
+def _padded_head_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    from ddtree.tp import vocab_parallel_candidates
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        g = torch.Generator().manual_seed(1)
+        hidden = torch.randn(2, 3, 16, generator=g)
+        weight = torch.randn(1000, 16, generator=g)                  # the real vocabulary: 1000 tokens
+        per_rank = 512                                               # shards padded to 512 rows each
+        start = rank * per_rank
+        num_org = max(0, min(per_rank, 1000 - start))
+        shard = torch.full((per_rank, 16), 50.0)                     # padding rows: huge logits if counted
+        shard[:num_org] = weight[start:start + num_org]
+        cand = vocab_parallel_candidates(hidden, shard, start, num_org, 8)
+        torch.save((cand.tokens, cand.logp), f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_padded_vocab_parallel_head_gives_the_unsharded_candidates(tmp_path):
+    mp.spawn(_padded_head_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 3, 16, generator=g)
+    weight = torch.randn(1000, 16, generator=g)
+    want = draft_candidates_torch(hidden @ weight.t(), 8)
+    for rank in range(2):
+        tokens, logp = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.equal(tokens, want.tokens)
+        assert torch.allclose(logp, want.logp, atol=1e-5)
