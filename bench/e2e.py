@@ -90,40 +90,12 @@ def stage_events(n: int, device: torch.device) -> list[tuple[Mark, Mark]]:
     return [(Mark(device), Mark(device)) for _ in range(n)]
 
 
-def timed_eager_stages(decoder: Decoder, state) -> list[tuple[str, float]]:
-    """One eager step with a mark pair around each stage; returns (stage, ms) after the commit."""
-    stages = decoder.stages()
-    events = stage_events(len(stages), decoder.device)
-    io = decoder.step_io(state)
-    with torch.no_grad():
-        for (_, stage), (a, b) in zip(stages, events):
-            a.record()
-            stage(io)
-            b.record()
-    decoder.finish_step(state, io)
-    return [(name, a.ms_until(b)) for (name, _), (a, b) in zip(stages, events)]
-
-
-def timed_graph_stages(decoder: Decoder, state) -> list[tuple[str, float]]:
-    """One step replaying the split capture's stage graphs with an event pair around each."""
-    runner = decoder.graphs
-    cap = runner.captured(state)
-    events = stage_events(len(cap.graphs), decoder.device)
-    cap.registry.copy_in(runner._sources(state), "replay")
-    for (_, graph), (a, b) in zip(cap.graphs, events):
-        a.record()
-        graph.replay()
-        b.record()
-    n = len(state.requests)
-    state.roots.copy_(cap.io.roots[:n])
-    state.lengths.copy_(cap.io.lengths[:n])
-    from ddtree.reference.engine import StepIO
-
-    io = StepIO(roots=state.roots, lengths=state.lengths, live=state.live, params=state.params,
-                generator=state.generator, cache=state.cache, ctx=state.ctx, emitted=cap.io.emitted[:n],
-                accept=cap.io.accept[:n], node_logits=cap.io.node_logits[:n])
-    decoder.finish_step(state, io)
-    return [(name, a.ms_until(b)) for (name, _), (a, b) in zip(cap.graphs, events)]
+def timed_stages(decoder: Decoder, state) -> list[tuple[str, float]]:
+    """One step with a mark pair around each stage (eager) or each stage's graph (split capture)."""
+    names = [name for name, _ in decoder.stages()]
+    marks = stage_events(len(names), decoder.device)
+    decoder.step(state, marks)
+    return [(name, a.ms_until(b)) for name, (a, b) in zip(names, marks)]
 
 
 def case_prompts(pair: Pair, bs: int, args) -> list[list[list[int]]]:
@@ -206,10 +178,9 @@ def run_case(pair: Pair, method: str, budget: int, cap: int, bs: int, graphs: bo
     # per-stage device time on the first batch (eager: events between stages; graphs: one graph per stage)
     staged = Decoder(pair, method, budget, cap, cuda_graphs=graphs, split_stages=True)
     sstate = staged.start(batches[0], [req] * bs, seed=0)
-    timer = timed_graph_stages if graphs else timed_eager_stages
     totals: dict[str, float] = {}
     for i in range(args.warmup + args.steps):
-        for name, ms in timer(staged, sstate):
+        for name, ms in timed_stages(staged, sstate):
             if i >= args.warmup:
                 totals[name] = totals.get(name, 0.0) + ms / args.steps
     if graphs and (sstate.graph_bucket is None or any(st.graph_bucket is None for st in states)):

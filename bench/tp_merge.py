@@ -57,35 +57,24 @@ def configs(quick: bool) -> list[tuple[int, int, int]]:
 
 
 def timed(fn, reps: int = 20, cuda: bool = True) -> float:
-    import torch
+    """Mean ms per call: CUDA events (tree_build.time_ms) on a GPU, the host clock on CPUs."""
+    if cuda:
+        from tree_build import time_ms
 
+        return time_ms(fn, reps)
     fn()
-    if not cuda:
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - start) / reps * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    start = time.perf_counter()
     for _ in range(reps):
         fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    return (time.perf_counter() - start) / reps * 1e3
 
 
-def graph_matches_eager(step, fill) -> bool:
-    """Capture step() in a CUDA graph, replay it on fresh logits, compare with eager."""
+def graph_matches_eager(step, fill):
+    """Capture step() (tree_build.graph_of), replay it on fresh logits, compare with eager; -> (exact, graph)."""
     import torch
+    from tree_build import graph_of
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_cand, g_tree = step()
+    graph, (g_cand, g_tree) = graph_of(step)
     exact = True
     for seed in (1, 2):
         fill(seed)

@@ -7,7 +7,7 @@ import torch
 
 from ddtree import build_tree, verify_tree
 
-from ..helpers import assert_same_tree, assert_same_verdict
+from ..helpers import assert_same_tree, assert_same_verdict, import_bench
 
 pytestmark = pytest.mark.gpu
 VOCAB = 163_840
@@ -41,14 +41,7 @@ def test_build_and_verify_replay_exactly_in_a_cuda_graph():
         return tree, verify_tree(tree, target, 0.0)
 
     fill(0)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tree_g, verdict_g = step()
+    graph, (tree_g, verdict_g) = import_bench("tree_build").graph_of(step)
     for seed in (1, 2, 3):
         fill(seed)
         tree_e, verdict_e = step()

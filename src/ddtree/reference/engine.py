@@ -218,14 +218,22 @@ class Decoder:
 
     # ----- one round --------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, state: BatchState) -> list[list[int]]:
-        """One target pass for every active request; returns the tokens each request emitted."""
+    def step(self, state: BatchState, marks=None) -> list[list[int]]:
+        """One target pass for every active request; returns the tokens each request emitted.
+
+        marks (timing): one (start, end) pair with .record() per stage, recorded around each stage
+        (eager) or each stage's graph (a split capture); None in normal use.
+        """
         self._sync_live(state)
         if state.graph_bucket is not None:
-            return self.finish_step(state, self.graphs.replay(state))
+            return self.finish_step(state, self.graphs.replay(state, marks))
         io = self.step_io(state)
-        for _, stage in self.stages():
+        for i, (_, stage) in enumerate(self.stages()):
+            if marks:
+                marks[i][0].record()
             stage(io)
+            if marks:
+                marks[i][1].record()
         return self.finish_step(state, io)
 
     @staticmethod

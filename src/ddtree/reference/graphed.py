@@ -191,15 +191,25 @@ class GraphRunner:
         sources.update({n: getattr(p, n) for n in SAMPLING_FIELDS})
         return sources
 
-    def replay(self, state):
-        """One step of a bound batch: copy in, replay, copy the new roots / lengths back; -> StepIO rows."""
+    def replay(self, state, marks=None):
+        """One step of a bound batch: copy in, replay, copy the new roots / lengths back; -> StepIO rows.
+
+        marks (timing): one (start, end) pair with .record() per captured graph, recorded around it.
+        """
         from ddtree.reference.engine import StepIO
 
         cap = self.captured(state)
         n = len(state.requests)
+        if marks and len(marks) != len(cap.graphs):
+            raise ValueError(f"marks has {len(marks)} pairs for {len(cap.graphs)} graphs: time stages with "
+                             "split_stages=True")
         cap.registry.copy_in(self._sources(state), "replay")
-        for _, graph in cap.graphs:
+        for i, (_, graph) in enumerate(cap.graphs):
+            if marks:
+                marks[i][0].record()
             graph.replay()
+            if marks:
+                marks[i][1].record()
         io = cap.io
         state.roots.copy_(io.roots[:n])
         state.lengths.copy_(io.lengths[:n])
