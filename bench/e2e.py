@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -333,6 +334,10 @@ def parse(argv):
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--png", help="write the budget plot here (graph rows)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs eager mode only (a smoke test)")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --json: keep the rows already in that file and run only the missing cases")
+    ap.add_argument("--render", nargs="+", metavar="JSON",
+                    help="no measuring: merge the rows of these --json files into the tables (--out) and plot (--png)")
     ap.add_argument("--case", help=argparse.SUPPRESS)   # one Case.key(): run it alone, JSON row on stdout
     args = ap.parse_args(argv)
     if args.quick:
@@ -364,9 +369,49 @@ def in_subprocess(case: Case, argv: list[str]) -> Row:
     return Row(**json.loads(line[4:]))
 
 
+def case_of(row: Row) -> Case:
+    return Case(row.method, row.budget, row.cap, row.bs, row.temperature, row.mode)
+
+
+def read_rows(path: str) -> tuple[str, list[Row]]:
+    """(header, rows) of a --json file; header 'partial' for a run that was cut short."""
+    data = json.load(open(path))
+    return data["header"], [Row(**r) for r in data["rows"]]
+
+
+def report(header: str, rows: list[Row], args) -> None:
+    """Tables on stdout and --out, rows to --json, the plot to --png."""
+    text = "\n\n".join(x for x in (header, table(rows), speedups(rows), best_budgets(rows)) if x) + "\n"
+    print(text)
+    if args.out:
+        open(args.out, "w").write(text)
+    if args.json:
+        json.dump({"header": header, "rows": [asdict(r) for r in rows]}, open(args.json, "w"), indent=1)
+    if args.png:
+        plot(rows, args.png, header)
+
+
+def render(args) -> int:
+    """--render: merge saved rows (later files win for the same case) and report them."""
+    headers, merged = [], {}
+    for path in args.render:
+        header, rows = read_rows(path)
+        headers.append(header)
+        merged.update({case_of(r): r for r in rows})
+    header = next((h for h in headers if h != "partial"), "partial")
+    args.json = None
+    report(header, list(merged.values()), args)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
+    if args.render:
+        return render(args)
+    if args.resume and not args.json:
+        print("bench/e2e.py: --resume needs --json FILE (the rows to keep)", file=sys.stderr)
+        return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/e2e.py: no CUDA GPU here (use --device cpu --modes eager for a smoke test)", file=sys.stderr)
         return 2
@@ -387,8 +432,13 @@ def main(argv=None) -> int:
         pair = load(args)
         params = sum(p.numel() for p in pair.target.parameters())
         block, draft_layers = pair.block_size, pair.draft.config.num_hidden_layers
-        rows = []
+        rows = read_rows(args.json)[1] if args.resume and os.path.exists(args.json) else []
+        done = {case_of(r) for r in rows}
+        if done:
+            print(f"resuming: {len(done)} cases already in {args.json}", flush=True)
         for case in cases(pair, args):
+            if case in done:
+                continue
             row = measure(pair, case, args) if args.in_process else in_subprocess(case, argv)
             rows.append(row)
             if args.json:                  # kept after every case: a cut-short run keeps what it measured
@@ -406,14 +456,7 @@ def main(argv=None) -> int:
               + (f", {args.num_prompts} held-out prompts per case" if args.prompts else
                  f", random prompts of {args.prompt_len}")
               + ("" if args.in_process else ", one process per case"))
-    text = "\n\n".join(x for x in (header, table(rows), speedups(rows), best_budgets(rows)) if x) + "\n"
-    print(text)
-    if args.out:
-        open(args.out, "w").write(text)
-    if args.json:
-        json.dump({"header": header, "rows": [asdict(r) for r in rows]}, open(args.json, "w"), indent=1)
-    if args.png:
-        plot(rows, args.png, header)
+    report(header, rows, args)
     return 0
 
 
