@@ -188,6 +188,8 @@ def run_case(pair: Pair, method: str, budget: int, cap: int, bs: int, graphs: bo
         raise RuntimeError(f"{method} budget {budget}: a batch fell back to eager decoding in a graphs case")
     all_steps = sum(o.num_verify_steps for st in states for o in st.outputs)
     all_tokens = sum(len(o.tokens) for st in states for o in st.outputs)
+    decoder.close()                        # graphs released before the next case captures its own
+    staged.close()
     del decoder, states, staged, sstate
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

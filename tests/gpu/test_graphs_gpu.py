@@ -106,3 +106,53 @@ def test_a_cancelled_batch_frees_its_bucket_for_the_next_one():
     assert second.graph_bucket is first.graph_bucket
     assert [g.tokens for g in second.outputs] == [g.tokens for g in decode(Decoder(pair, "ddtree", 4, 2), PROMPTS,
                                                                            req).outputs]
+
+
+def build_use_and_drop(pair, rounds: int, close: bool) -> int | None:
+    """Decoders built, used under graphs (whole-step and split capture) and dropped, as bench/e2e.py
+    --in-process does; -> the round whose capture failed, or None."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [[256] + torch.randint(0, 256, (200,), generator=g).tolist() for _ in range(16)]
+    for i in range(rounds):
+        budget, temperature, bs = [8, 16, 32, 64, 128, 256][i % 6], [0.0, 0.7][i // 6 % 2], [1, 16][i // 12 % 2]
+        req = RequestParams(max_new_tokens=200, temperature=temperature)
+        try:
+            decoders = [Decoder(pair, "ddtree", budget, 8, cuda_graphs=True, split_stages=s) for s in (False, True)]
+            for decoder in decoders:
+                state = decoder.start(prompts[:bs], [req] * bs, seed=0)
+                for _ in range(3):
+                    decoder.step(state)
+                decoder.cancel(state)
+            if close:
+                for decoder in decoders:
+                    decoder.close()
+            del decoders, state
+            torch.cuda.empty_cache()
+        except RuntimeError:
+            return i
+    return None
+
+
+def trained_size_pair():
+    """Random weights in the shape bench/train_pair.py trains (25M bf16 target, block 16)."""
+    from ddtree.reference.pair import init_pair
+
+    from ..helpers import import_bench
+
+    target_cfg, draft_cfg = import_bench("train_pair").configs(16)
+    return cuda_pair(torch.bfloat16, pair=init_pair(target_cfg, draft_cfg, seed=0))
+
+
+def test_closed_decoders_release_graphs_so_later_captures_keep_working():
+    # Without close() the 21st such round failed inside cuBLAS during capture on the H200 (torch 2.11):
+    # a cached cuBLAS workspace outlived the graph pool it was allocated in.
+    assert build_use_and_drop(trained_size_pair(), rounds=30, close=True) is None
+
+
+def test_a_batch_of_a_closed_decoder_says_so():
+    decoder = Decoder(cuda_pair(), "ddtree", 4, 2, cuda_graphs=True)
+    state = decoder.start(PROMPTS, [RequestParams(max_new_tokens=8)] * len(PROMPTS))
+    decoder.close()
+    with pytest.raises(RuntimeError, match="decoder was closed"):
+        decoder.step(state)
+    assert decode(decoder, PROMPTS, RequestParams(max_new_tokens=8)).graph_bucket is None   # eager afterwards

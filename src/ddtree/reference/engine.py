@@ -171,6 +171,13 @@ class Decoder:
         state.active = [False] * len(state.active)
         self._sync_live(state)
 
+    def close(self) -> None:
+        """Release this decoder's CUDA graphs and their memory (GraphRunner.close); eager decoding
+        keeps working afterwards. A no-op without graphs."""
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
+
     def _check_prompts(self, prompts: list[list[int]], requests: list[RequestParams]) -> None:
         vocab = self.pair.target.config.vocab_size
         _check("prompts", len(prompts) >= 1 and len(prompts) == len(requests), len(prompts),
@@ -226,6 +233,9 @@ class Decoder:
         """
         self._sync_live(state)
         if state.graph_bucket is not None:
+            if self.graphs is None:
+                raise RuntimeError("this batch was started under CUDA graphs and the decoder was closed "
+                                   "(Decoder.close): finish or cancel batches before closing the decoder")
             return self.finish_step(state, self.graphs.replay(state, marks))
         io = self.step_io(state)
         for i, (_, stage) in enumerate(self.stages()):

@@ -87,6 +87,19 @@ class GraphRunner:
         self._logged: set[str] = set()
         self.capture_stream = torch.cuda.Stream()   # warm-up and capture share it
 
+    def close(self) -> None:
+        """Drop every captured graph, its buffers and the buckets' caches, then forget cuBLAS's cached
+        workspaces. torch 2.11 keeps a workspace per (handle, stream) that may have been allocated inside
+        a graph's private pool during capture; once the graphs are gone and torch.cuda.empty_cache()
+        returns that pool's memory, the next cuBLAS call on the recycled stream used the stale workspace
+        and a later capture failed (CUBLAS_STATUS_EXECUTION_FAILED; reproduced on the H200 after ~20
+        decoders built and dropped in one process). The workspace cache is process-wide: close a runner
+        only when no other graphed decoder of this process is still replaying."""
+        torch.cuda.synchronize(self.decoder.device)
+        self._captured.clear()
+        self._buckets.clear()
+        torch._C._cuda_clearCublasWorkspaces()       # torch 2.11: at::cuda::clearCublasWorkspaces()
+
     # ----- choosing ---------------------------------------------------------------------------
     def claim(self, state, needed_slots: int) -> Bucket | None:
         """The bucket this new batch will replay in, or None (eager; the reason is logged once)."""
