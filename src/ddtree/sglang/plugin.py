@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ddtree.sglang import graph_check
 from ddtree.sglang.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings, validate
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def capture_ddtree_cli_values(result, *args, **kwargs):
 
 def validate_server_args(server_args) -> None:
     """SGLang's per-algorithm validation hook: the settings and the server flags DDTREE needs."""
+    graph_check.enabled()
     validate(DDTreeSettings.from_env(), server_args)
 
 
@@ -93,4 +95,8 @@ def register() -> None:
     SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, validate_server_args=validate_server_args,
                                   spec_class=spec_class())(worker_factory)
     _registered = True
+    # last: a bad SGLANG_DDTREE_GRAPH_CHECK raises here (load_plugins logs it) and again, as the
+    # server's error, in validate_server_args
+    if graph_check.enabled():
+        HookRegistry.register(graph_check.TARGET, graph_check.before_load_batch, HookType.BEFORE)
     log.info("k26-ddtree: registered speculative algorithm %s", ALGORITHM)
