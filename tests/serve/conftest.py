@@ -44,13 +44,15 @@ def start_server(tmp: Path, pair_dir: Path, *extra: str) -> Server:
     port = free_port()
     log = tmp / f"server-{port}.log"
     exe = Path(sys.executable).with_name("ddtree-serve")  # the installed console script
-    cmd = [str(exe), "--model-path", str(pair_dir / "target"),
+    # where the package is not installed (the GPU machine: PYTHONPATH=src), the module itself
+    launcher = [str(exe)] if exe.exists() else [sys.executable, "-m", "ddtree.serve"]
+    cmd = [*launcher, "--model-path", str(pair_dir / "target"),
            "--speculative-draft-model-path", str(pair_dir / "draft"), "--port", str(port),
            "--dtype", "float64", "--api-key", API_KEY, "--enable-metrics",
            "--speculative-ddtree-budget", "16", "--speculative-ddtree-topk-cap", "4", *extra]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
+    deadline = time.time() + 180
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"ddtree-serve exited {proc.returncode}: {log.read_text()[-2000:]}")

@@ -72,6 +72,7 @@ def test_metrics_count_verify_calls_and_tokens(server):
     assert value(after, "sglang:spec_verify_calls_total") > value(before, "sglang:spec_verify_calls_total")
     assert value(after, "sglang:spec_accept_length") >= 1.0
     assert "sglang:num_requests_total" in after and "sglang:prompt_tokens_total" in after
+    assert value(after, "sglang:is_cuda_graph") == 0.0       # CPU: eager steps (1.0 under graphs: tests/gpu)
 
 
 def test_completion_matches_the_engine_and_reports_spec_details(server):

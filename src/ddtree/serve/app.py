@@ -64,7 +64,7 @@ def error_body(message: str, kind: str, code: int, param: str | None = None) -> 
 def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokenizer) -> FastAPI:
     metrics = ServerMetrics(settings.served_model_name)
     worker = BatchWorker(decoder, settings.max_running_requests,
-                         BatchStats(on_step=lambda s, f: _on_step(metrics, decoder.depth, f),
+                         BatchStats(on_step=lambda s, f: _on_step(metrics, decoder.depth, f, s.graph_bucket is not None),
                                     on_finish=lambda g: metrics.num_requests.inc()))
 
     @asynccontextmanager
@@ -308,8 +308,10 @@ def spec_details(final: Generation, emitted: int) -> dict:
             "spec_accept_token_num": sum(final.accept_lengths)}
 
 
-def _on_step(metrics: ServerMetrics, depth: int, fresh: list[list[int]]) -> None:
-    """After a step: verify calls, tokens, tokens per step and accepted share of the drafted depth."""
+def _on_step(metrics: ServerMetrics, depth: int, fresh: list[list[int]], replayed: bool) -> None:
+    """After a step: whether it replayed a CUDA graph, verify calls, tokens, tokens per step and the
+    accepted share of the drafted depth."""
+    metrics.is_cuda_graph.set(1 if replayed else 0)
     emitted = [len(f) for f in fresh if f]
     if not emitted:
         return
