@@ -1,9 +1,11 @@
 """Run in a fresh SGLang process (tests/sglang/test_graph_check.py): load the plugins as SGLang does,
-then replay-load batches into a DecodeCudaGraphRunner and print what each scenario raised, as JSON.
+then replay-load batches into a DecodeCudaGraphRunner and build its capture inputs; print what each
+scenario gave or raised, as JSON.
 
 The runner is SGLang 0.5.23's real class with its real load_batch (hooked by the plugin) and its real
 CudaGraphBufferRegistry built on the CPU; its __init__ needs a GPU model runner, so the few
-attributes load_batch's check reads are set by hand (captured width 4, hidden 16, max batch 8).
+attributes load_batch's check and get_spec_info read are set by hand (captured width 4, hidden 16, max
+batch 8, a TritonAttnBackend made without its __init__: only its class name is read).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from sglang.srt.plugins import load_plugins
 
 load_plugins()
 
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+
 from sglang.srt.model_executor.cuda_graph_buffer_registry import build_decode_registry  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner  # noqa: E402
@@ -29,8 +33,10 @@ def runner(algorithm="DFLASH", draft=True, token_count_slot=True):
     r = object.__new__(DecodeCudaGraphRunner)
     r.captured_req_width, r.ragged_verify_mode = WIDTH, False
     r.model_runner = types.SimpleNamespace(is_draft_worker=draft,
-                                           spec_algorithm=SpeculativeAlgorithm.from_string(algorithm))
-    r.buffers = types.SimpleNamespace(input_embeds=torch.zeros(8 * WIDTH, HIDDEN))
+                                           spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
+                                           attn_backend=object.__new__(TritonAttnBackend))
+    r.buffers = types.SimpleNamespace(input_embeds=torch.zeros(8 * WIDTH, HIDDEN),
+                                      custom_mask=torch.ones(64, dtype=torch.bool))
     r.buffer_registry = build_decode_registry(device=torch.device("cpu"), max_bs=8, max_num_token=8 * WIDTH,
                                               seq_len_fill_value=1, cache_loc_dtype=torch.int64, share_pool=False,
                                               enable_num_token_non_padded=token_count_slot)
@@ -87,6 +93,14 @@ def main() -> None:
         graph_check.before_load_batch(r, batch())
     results["checks_for_three_clean_replays"] = len(calls)
     results["later_none_on_same_runner"] = outcome(lambda: graph_check.before_load_batch(r, batch(input_embeds=None)))
+    # graph capture inputs (SGLang's own get_spec_info, plus the plugin's AFTER hook)
+    for name, algorithm, draft in (("ddtree_target", "DDTREE", False), ("ddtree_draft", "DDTREE", True),
+                                   ("dflash_target", "DFLASH", False)):
+        r = runner(algorithm, draft=draft)
+        spec = r.get_spec_info(WIDTH * 2)
+        results[f"capture_{name}"] = {"type": type(spec).__name__, "width": spec.draft_token_num,
+                                      "mask_is_the_runner_buffer": spec.custom_mask is r.buffers.custom_mask,
+                                      "mask_is_none": spec.custom_mask is None}
     json.dump(results, sys.stdout)
 
 

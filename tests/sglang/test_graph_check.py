@@ -1,4 +1,5 @@
-"""The graph-input check hooked onto sglang 0.5.23's DecodeCudaGraphRunner.load_batch (CPU, real SGLang).
+"""The plugin's graph hooks on sglang 0.5.23's DecodeCudaGraphRunner (CPU, real SGLang): the input
+check before load_batch copies a replay's sources, and the tree mask in DDTREE's capture input.
 
 Each case runs tests/sglang/graph_check_scenarios.py in a fresh interpreter, where SGLang's own
 load_plugins() registers and applies the hook, as in a scheduler process.
@@ -83,3 +84,15 @@ def test_a_bad_switch_value_is_the_servers_error():
                        env={**os.environ, "SGLANG_DDTREE_GRAPH_CHECK": "maybe"})
     assert r.returncode != 0
     assert "SGLANG_DDTREE_GRAPH_CHECK='maybe' is invalid: expected 'on' (default) or 'off'" in r.stderr
+
+
+def test_the_ddtree_target_captures_with_the_tree_mask(hooked):
+    # SGLang alone captures DFlash-family target verify without a mask on triton (causal chain);
+    # the DDTREE target needs its tree mask in the captured path
+    assert hooked["capture_ddtree_target"] == {"type": "DFlashVerifyInput", "width": 4,
+                                               "mask_is_the_runner_buffer": True, "mask_is_none": False}
+
+
+def test_the_draft_and_dflash_captures_are_left_as_sglang_builds_them(hooked):
+    for case in ("capture_ddtree_draft", "capture_dflash_target"):
+        assert hooked[case]["mask_is_none"] is True, hooked[case]

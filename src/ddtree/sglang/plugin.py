@@ -15,6 +15,7 @@ from ddtree.sglang.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSetti
 
 log = logging.getLogger(__name__)
 ALGORITHM = "DDTREE"
+CAPTURE_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 _registered = False
 
 
@@ -74,6 +75,26 @@ def spec_class():
     return DDTreeSpec
 
 
+def capture_with_tree_mask(result, *args, **kwargs):
+    """AFTER hook on sglang 0.5.23 DecodeCudaGraphRunner.get_spec_info(self, num_tokens).
+
+    For the DFlash family that method builds the capture's DFlashVerifyInput with custom_mask=None
+    whenever the attention backend can verify a chain causally (resolve_dflash_verify_mask_policy:
+    TritonAttnBackend is one), so a DDTREE target graph would be captured without the tree mask and
+    its replays would let sibling nodes see each other. For the DDTREE target runner the capture
+    input gets the runner's own custom_mask buffer (allocated for every decode runner), so the
+    custom-mask verify path is the one captured. The draft runner (a plain block) is left as is.
+    """
+    runner = args[0]
+    model_runner = runner.model_runner
+    if (result is None or model_runner.is_draft_worker
+            or getattr(model_runner.spec_algorithm, "name", None) != ALGORITHM):
+        return result
+    if result.custom_mask is None:
+        result.custom_mask = runner.buffers.custom_mask
+    return result
+
+
 def worker_factory(server_args):
     """SpeculativeAlgorithm factory: the worker class for DDTREE."""
     from ddtree.sglang.worker import make_worker_class
@@ -94,6 +115,7 @@ def register() -> None:
                           HookType.AFTER)
     SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, validate_server_args=validate_server_args,
                                   spec_class=spec_class())(worker_factory)
+    HookRegistry.register(CAPTURE_SPEC_INFO, capture_with_tree_mask, HookType.AFTER)
     _registered = True
     # last: a bad SGLANG_DDTREE_GRAPH_CHECK raises here (load_plugins logs it) and again, as the
     # server's error, in validate_server_args

@@ -26,6 +26,10 @@ What the decode path has to respect in 0.5.23 (read from its source, for the nex
   backend's num_draft_tokens (maybe_create_verify_mask) - another reason the server's
   speculative_num_draft_tokens must be budget + 1. DFlashVerifyInput says topk = 1 "for backends
   that gate tree metadata by topk > 1": check every such gate before trusting the mask.
+- Graph capture of the target: SGLang builds the capture input in DecodeCudaGraphRunner.get_spec_info
+  and leaves custom_mask None for backends in _DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS (triton is one);
+  the plugin's AFTER hook (plugin.capture_with_tree_mask) puts the runner's mask buffer in for the
+  DDTREE target (done, contract-tested), so the decode path must always pass its FULL_MASK.
 - Nothing of this can run on this project's machines (the server needs torch 2.14.1 + its
   kernels); the first run is on the production host, behind validate.yml (DDTREE vs NONE token
   by token), which must pass before the service is trusted.
