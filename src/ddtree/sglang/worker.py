@@ -14,6 +14,12 @@ What the decode path has to respect in 0.5.23 (read from its source, for the nex
   so the verify width budget + 1 must be the server's speculative_num_draft_tokens while the draft
   keeps its own block (get_num_tokens_per_req_for_target_verify answers per worker; done).
   `--speculative-dflash-block-size` is an alias of `--speculative-num-draft-tokens`.
+- Open, found 2026-11-29: DFlashWorkerV2.__init__ takes block_size = speculative_num_draft_tokens and
+  calls draft_model.set_block_size(block_size) (a mismatch with the draft's config only warns). With
+  the server at budget + 1 the draft would run budget + 1 wide, and the spec's draft answer
+  (num_draft_tokens) would capture the draft runner that wide: the worker has to restore the draft's
+  configured block after super().__init__, and the spec has to answer that block for the draft
+  worker (read from the draft's config.json), before the first capture.
 - With page size 1 the accepted path can be kept without moving KV or freeing slots: permute the
   request's reserved req_to_token window so the accepted nodes' slots come first (the rest stay
   reserved for the next step).
