@@ -69,9 +69,9 @@ def exec_flags(unit: str) -> list[str]:
 
 
 PRODUCTION_FLAGS = [
-    "--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6", "--speculative-algorithm DDTREE",
+    "--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6", "--speculative-algorithm DFLASH",
     "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
-    "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 32",
+    "--cuda-graph-max-bs-decode 32",
     "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
     "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics", "--api-key ${K26_API_KEY}",
     "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2",
@@ -94,10 +94,18 @@ def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
     assert nccl["k26_pcie_ipc_allreduce"] is True and nccl["k26_nccl_p2p"] == "auto"
 
 
+def test_production_ddtree_unit_adds_exactly_the_two_ddtree_flags(tmp_path, vault_pass):
+    files = render("production", tmp_path, vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "DDTREE"}))
+    flags = PRODUCTION_FLAGS[:5] + ["--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8"] + \
+        PRODUCTION_FLAGS[5:]
+    assert exec_flags(files["k26-gpu-01.service"]) == [f.replace("DFLASH", "DDTREE") for f in flags]
+
+
 @pytest.mark.parametrize("graphs,budget,cap", [(True, 8, 4), (False, 32, 8), (False, 128, 16), (True, 512, 8)])
 def test_rendered_flags_follow_graphs_and_budget(tmp_path, vault_pass, graphs, budget, cap):
     files = render("production", tmp_path, vault_pass, "-e",
-                   json.dumps({"k26_cuda_graph": graphs, "k26_ddtree_budget": budget, "k26_ddtree_topk_cap": cap}))
+                   json.dumps({"k26_cuda_graph": graphs, "k26_ddtree_budget": budget, "k26_ddtree_topk_cap": cap,
+                               "k26_speculative_algorithm": "DDTREE"}))
     flags = exec_flags(files["k26-gpu-01.service"])
     assert f"--speculative-ddtree-budget {budget}" in flags and f"--speculative-ddtree-topk-cap {cap}" in flags
     assert ("--cuda-graph-max-bs-decode 32" in flags) == graphs
@@ -146,13 +154,16 @@ BAD_PREFLIGHT = [
     ({"k26_min_free_disk_gb": 10**9}, "k26_min_free_disk_gb=1000000000"),
     ({"k26_min_driver_version": "R580"}, "k26_min_driver_version=R580 is invalid: expected a version"),
     ({"k26_nccl_p2p": "maybe"}, "k26_nccl_p2p=maybe is invalid: expected auto"),
+    ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE"},
+     "k26_speculative_algorithm=DDTREE cannot be served by sglang with this k26-ddtree release: the plugin's DDTREE "
+     "decode path is not implemented yet"),
 ]
 
 
 def preflight(tmp: Path, pair_dir: Path, overrides: dict) -> subprocess.CompletedProcess:
     base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_state_dir": str(tmp / "state"),
             "k26_model_path": str(pair_dir / "target"), "k26_draft_model_path": str(pair_dir / "draft"),
-            "k26_dflash_block_size": 4, "k26_port": 39999}
+            "k26_dflash_block_size": 4, "k26_port": 39999, "k26_server_kind": "reference"}
     base.update(overrides)
     return run([str(BIN / "ansible-playbook"), "-i", "localhost,", "tests/ansible/preflight.yml",
                 "-e", json.dumps(base)], tmp)
@@ -161,6 +172,19 @@ def preflight(tmp: Path, pair_dir: Path, overrides: dict) -> subprocess.Complete
 def test_preflight_passes_good_settings(tmp_path, pair_dir):
     r = preflight(tmp_path, pair_dir, {})
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_preflight_passes_sglang_with_the_chain(tmp_path, pair_dir):
+    r = preflight(tmp_path, pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DFLASH"})
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_preflight_knows_what_the_plugin_can_decode():
+    """The preflight gate and the plugin's own flag change together (a release with the decode path flips both)."""
+    from ddtree.sglang.worker import DECODE_READY
+
+    gate = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["__preflight_sglang_ddtree_ready"]
+    assert gate is DECODE_READY
 
 
 @pytest.mark.parametrize("overrides,message", BAD_PREFLIGHT)

@@ -70,11 +70,14 @@ def test_sglang_serve_help_prints_before_plugins_load_in_0_5_23():
     assert "--speculative-ddtree-budget" not in r.stdout
 
 
-def rendered_production_args() -> list[str]:
-    """The ExecStart flags the Ansible template renders for inventory/production (tests/ansible renders it)."""
-    flags = ["--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6", "--speculative-algorithm DDTREE",
+def rendered_production_args(algorithm: str = "DFLASH") -> list[str]:
+    """The ExecStart flags the Ansible template renders for inventory/production (tests/ansible renders both):
+    the DFlash chain of the example inventory, or with k26_speculative_algorithm=DDTREE its two DDTree flags."""
+    ddtree = ["--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8"] if algorithm == "DDTREE" else []
+    flags = ["--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6",
+             f"--speculative-algorithm {algorithm}",
              "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
-             "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 32",
+             *ddtree, "--cuda-graph-max-bs-decode 32",
              "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
              "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
              "--api-key demo", "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2"]
@@ -96,8 +99,14 @@ def parse(args: list[str]) -> subprocess.CompletedProcess:
     return r
 
 
-def test_the_rendered_production_command_line_parses_and_validates():
+def test_the_rendered_production_command_line_parses():
     r = parse(rendered_production_args())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["DFLASH", "32", "8", "triton", "8", "True"]
+
+
+def test_the_rendered_ddtree_command_line_parses_and_validates():
+    r = parse(rendered_production_args("DDTREE"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["DDTREE", "32", "8", "triton", "8", "True"]
 
@@ -105,7 +114,7 @@ def test_the_rendered_production_command_line_parses_and_validates():
 def test_the_rendered_flags_match_the_template():
     """The list above is the one tests/ansible asserts for the production render (kept in step)."""
     text = (ROOT / "tests" / "ansible" / "test_static.py").read_text()
-    for flag in rendered_production_args():
+    for flag in rendered_production_args("DDTREE"):
         if flag.startswith("--") and flag != "--api-key":
             assert flag in text
 
@@ -117,7 +126,7 @@ def test_the_rendered_flags_match_the_template():
     ({"--attention-backend": "trtllm_mla"}, "--attention-backend=trtllm_mla cannot verify a tree"),
 ])
 def test_invalid_settings_are_rejected_with_the_plugins_message(change, message):
-    args = rendered_production_args()
+    args = rendered_production_args("DDTREE")
     for flag, value in change.items():
         i = args.index(flag)
         if value is None:

@@ -43,6 +43,8 @@ What the decode path has to respect in 0.5.23 (read from its source, for the nex
 
 from __future__ import annotations
 
+DECODE_READY = False   # the decode path exists; roles/preflight/vars/main.yml says the same (tests/ansible)
+
 NOT_READY = ("k26-ddtree 0.1.0: the DDTREE decode path inside SGLang is not implemented yet "
              "(tree draft, tree verify, KV compaction); serve with --speculative-algorithm DFLASH "
              "(the chain: budget = block size - 1, top-k cap 1) until a release says otherwise")
