@@ -51,3 +51,13 @@ def test_a_broken_accepted_path_fails_with_the_first_divergence(converged, tmp_p
     assert report.startswith("VERDICT: FAIL")
     assert re.search(r"DDTREE-eager / [\w-]+: mismatch at token \d+: expected \d+, got \d+", report)
     original_is_running()
+
+
+def test_a_configuration_the_server_cannot_decode_is_refused_before_the_lock(converged, tmp_path):
+    # sglang cannot decode DDTREE in this release: validate stops before touching the host
+    play = deploy(*QUICK, "-e", f"validate_results_root={tmp_path}", "-e", "k26_server_kind=sglang",
+                  tmp=tmp_path / "a", playbook="playbooks/validate.yml")
+    out = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0 and "k26_speculative_algorithm=DDTREE cannot be served by sglang" in out, out[-3000:]
+    assert "Take the host lock" not in play.out and not runs(tmp_path)
+    original_is_running()
