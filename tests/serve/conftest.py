@@ -8,11 +8,14 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+
+from ddtree.reference import generate
 
 API_KEY = "test-key-not-secret"
 
@@ -64,6 +67,30 @@ def start_server(tmp: Path, pair_dir: Path, *extra: str) -> Server:
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"ddtree-serve did not become ready: {log.read_text()[-2000:]}")
+
+
+def completion(client: httpx.Client, prompt, **kw) -> dict:
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, **kw}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def check_simultaneous_requests_match_the_engine(server: Server, pair, max_tokens: int) -> None:
+    """16 requests sent at once answer exactly what the engine decodes for each alone (ddtree 16/4)."""
+    prompts = [f"request {i}: " + "ab" * i for i in range(16)]
+
+    def call(text):
+        with server.client() as c:
+            return completion(c, text, max_tokens=max_tokens)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(call, prompts))
+    for text, ans in zip(prompts, answers):
+        alone = generate(pair, [pair.tokenizer.encode(text)], max_new_tokens=max_tokens, method="ddtree", budget=16,
+                         topk_cap=4, stop_token_ids=[pair.tokenizer.eos_token_id])[0]
+        assert ans["choices"][0]["text"] == pair.tokenizer.decode(alone.tokens)
+        assert ans["usage"]["completion_tokens"] == len(alone.tokens)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -16,14 +15,7 @@ import torch
 
 from ddtree.reference import generate, load_pair
 
-from .conftest import start_server
-
-
-def completion(client: httpx.Client, prompt, **kw) -> dict:
-    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, **kw}
-    r = client.post("/v1/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
+from .conftest import check_simultaneous_requests_match_the_engine, completion, start_server
 
 
 def engine_alone(server, text: str, max_new_tokens: int):
@@ -156,20 +148,7 @@ def test_api_key_is_required(server):
 
 
 def test_sixteen_simultaneous_requests_match_the_engine_alone(server):
-    pair = load_pair(server.pair_dir, dtype=torch.float64)
-    prompts = [f"request {i}: " + "ab" * i for i in range(16)]
-
-    def call(text):
-        with server.client() as c:
-            return completion(c, text, max_tokens=10)
-
-    with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(call, prompts))
-    for text, ans in zip(prompts, answers):
-        alone = generate(pair, [pair.tokenizer.encode(text)], max_new_tokens=10, method="ddtree", budget=16,
-                         topk_cap=4, stop_token_ids=[pair.tokenizer.eos_token_id])[0]
-        assert ans["choices"][0]["text"] == pair.tokenizer.decode(alone.tokens)
-        assert ans["usage"]["completion_tokens"] == len(alone.tokens)
+    check_simultaneous_requests_match_the_engine(server, load_pair(server.pair_dir, dtype=torch.float64), 10)
 
 
 def test_sigterm_drains_an_in_flight_request(tmp_path, pair_dir):
