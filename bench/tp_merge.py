@@ -8,7 +8,8 @@ One process per GPU (torch.multiprocessing, NCCL, rendezvous on 127.0.0.1). For 
 (bs, L, budget) with vocabulary 163,840 sharded evenly over the ranks and top-k cap 8, every rank
 draws the same full bf16 draft logits from one seed, keeps its shard, and runs
 ddtree.tp.tp_candidates (local top-k + log-normaliser, one all-gather, identical merge) and
-build_tree_from_candidates. Checks, on every rank: the merged candidates and the tree equal the
+build_tree_from_candidates; on GPUs once with the fused Triton shard kernels and once with the
+plain-torch shard path (column "shard top-k"). Checks, on every rank: the merged candidates and the tree equal the
 unsharded draft_candidates + tree; the same merge + build captured in a CUDA graph and replayed
 on fresh logits gives the eager result. Times (rank 0, CUDA events): eager and graph-replay
 step, and the all-gather alone; bytes gathered per step. Prints a markdown table.
@@ -32,6 +33,7 @@ CAP = 8
 @dataclass
 class Row:
     world: int
+    shard: str                # the local top-k + log-normaliser: 'triton' (fused kernels) or 'torch'
     bs: int
     depth: int
     budget: int
@@ -49,11 +51,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def configs(quick: bool) -> list[tuple[int, int, int]]:
+def configs(quick: bool, cuda: bool) -> list[tuple[str, int, int, int]]:
+    """(shard path, bs, L, budget); on CPUs (gloo) only the torch shard path."""
+    shards = ["triton", "torch"] if cuda else ["torch"]
     batches = [1, 8] if quick else [1, 8, 32, 64]
     depths = [7] if quick else [7, 15]
     budgets = [32] if quick else [32, 128]
-    return [(bs, d, b) for bs in batches for d in depths for b in budgets]
+    return [(sh, bs, d, b) for sh in shards for bs in batches for d in depths for b in budgets]
 
 
 def timed(fn, reps: int = 20, cuda: bool = True) -> float:
@@ -102,7 +106,7 @@ def rank_main(rank: int, world: int, port: int, quick: bool, out_path: str, back
     bounds = [vocab * r // world for r in range(world + 1)]
     lo, hi = bounds[rank], bounds[rank + 1]
     rows = []
-    for bs, depth, budget in configs(quick):
+    for shard, bs, depth, budget in configs(quick, cuda):
         full = torch.empty(bs, depth, vocab, dtype=torch.bfloat16, device=dev)
         roots = torch.zeros(bs, dtype=torch.int64, device=dev)
 
@@ -112,8 +116,8 @@ def rank_main(rank: int, world: int, port: int, quick: bool, out_path: str, back
             roots.copy_(torch.randint(0, vocab, (bs,), generator=g, device=dev))
 
         def step():
-            cand = tp_candidates(full[..., lo:hi], CAP, lo)
-            return cand, build_tree_from_candidates(cand, roots, budget)
+            cand = tp_candidates(full[..., lo:hi], CAP, lo, backend=shard)
+            return cand, build_tree_from_candidates(cand, roots, budget)  # the tree: Triton on CUDA
 
         fill(0)
         cand, tree = step()
@@ -124,7 +128,7 @@ def rank_main(rank: int, world: int, port: int, quick: bool, out_path: str, back
         exact, graph = graph_matches_eager(step, fill) if cuda else (None, None)
         packed = torch.zeros(bs, depth, 2 * CAP + 1, dtype=torch.float64, device=dev)
         parts = [torch.empty_like(packed) for _ in range(world)]
-        row = Row(world=world, bs=bs, depth=depth, budget=budget, equal_unsharded=bool(equal), graph_exact=exact,
+        row = Row(world=world, shard=shard, bs=bs, depth=depth, budget=budget, equal_unsharded=bool(equal), graph_exact=exact,
                   eager_ms=timed(step, cuda=cuda), graph_ms=timed(graph.replay) if cuda else float("nan"),
                   gather_ms=timed(lambda: dist.all_gather(parts, packed), cuda=cuda),
                   gather_bytes=world * packed.numel() * packed.element_size())
@@ -143,10 +147,10 @@ def rank_main(rank: int, world: int, port: int, quick: bool, out_path: str, back
 
 
 def table(rows: list[Row], header: str) -> str:
-    lines = [header, "", "| world | bs | L | budget | = unsharded (all ranks) | graph = eager (all ranks) | eager ms | "
-             "graph ms | all-gather ms | gathered bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| world | shard top-k | bs | L | budget | = unsharded (all ranks) | graph = eager (all ranks) | "
+             "eager ms | graph ms | all-gather ms | gathered bytes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.world} | {r.bs} | {r.depth} | {r.budget} | {'yes' if r.equal_unsharded else 'NO'} | "
+        lines.append(f"| {r.world} | {r.shard} | {r.bs} | {r.depth} | {r.budget} | {'yes' if r.equal_unsharded else 'NO'} | "
                      f"{ {True: 'yes', False: 'NO', None: 'n/a'}[r.graph_exact]} | {r.eager_ms:.3f} | {r.graph_ms:.3f} | {r.gather_ms:.3f} | "
                      f"{r.gather_bytes} |")
     return "\n".join(lines) + "\n"

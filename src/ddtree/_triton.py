@@ -14,6 +14,8 @@ inputs (and tests run it under TRITON_INTERPRET=1 on the CPU).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 try:  # Triton is optional: CPU-only installs use the torch path
@@ -57,10 +59,12 @@ if triton is not None:
         return mask32 - (key & mask32)
 
     @triton.jit
-    def _chunk_kernel(logits_ptr, stride_b, stride_l, n_depth, vocab, n_chunks,
+    def _chunk_kernel(logits_ptr, stride_b, stride_l, n_depth, vocab, n_chunks, id_offset,
                       pmax_ptr, psum_ptr, pkey_ptr, CHUNK: tl.constexpr, KB: tl.constexpr,
                       GROUP: tl.constexpr):
         """One read of a chunk: max, sum of exp, and top-KB keys found in two stages.
+
+        Keys carry id_offset + column (a TP rank's shard starts at its global id id_offset).
 
         Stage 1 takes the best key of each GROUP-wide group; the chunk's top-KB elements lie in
         the KB groups with the best group keys (any other group is beaten by KB group bests).
@@ -76,15 +80,15 @@ if triton is not None:
         x = tl.load(base + offs, mask=inb, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         e = tl.where(x > float("-inf"), tl.exp(x - m), 0.0)
-        key = tl.where(inb, _order_key(x, offs.to(tl.int64)), -9223372036854775807)
+        key = tl.where(inb, _order_key(x, offs.to(tl.int64) + id_offset), -9223372036854775807)
         group_best = tl.max(tl.reshape(key, [CHUNK // GROUP, GROUP]), axis=1)   # [G]
         top_groups = tl.topk(group_best, KB)                                      # [KB]
         live = top_groups > -9223372036854775807
-        gid = tl.where(live, (_key_index(top_groups) - c * CHUNK) // GROUP, 0)
+        gid = tl.where(live, (_key_index(top_groups) - id_offset - c * CHUNK) // GROUP, 0)
         offs2 = c * CHUNK + gid[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [KB, GROUP]
         ok2 = live[:, None] & (offs2 < vocab)
         x2 = tl.load(base + offs2, mask=ok2, other=float("-inf")).to(tl.float32)
-        key2 = tl.where(ok2, _order_key(x2, offs2.to(tl.int64)), -9223372036854775807)
+        key2 = tl.where(ok2, _order_key(x2, offs2.to(tl.int64) + id_offset), -9223372036854775807)
         top = tl.topk(tl.reshape(key2, [KB * GROUP]), KB)                         # [KB] best first
         slot = row * n_chunks + c
         tl.store(pmax_ptr + slot, m)
@@ -147,8 +151,9 @@ if triton is not None:
         tl.store(bonus_ptr + b, bonus)
 
     @triton.jit
-    def _merge_kernel(pmax_ptr, psum_ptr, pkey_ptr, logp_ptr, tok_ptr, n_chunks, k,
-                      CB: tl.constexpr, NB: tl.constexpr, KB: tl.constexpr):
+    def _merge_kernel(pmax_ptr, psum_ptr, pkey_ptr, logp_ptr, tok_ptr, logz_ptr, n_chunks, k,
+                      CB: tl.constexpr, NB: tl.constexpr, KB: tl.constexpr, RAW: tl.constexpr):
+        """Row's log-normaliser and top-k. RAW: store raw logits and log_z (a TP shard) instead of logp."""
         row = tl.program_id(0)
         c = tl.arange(0, CB)
         pm = tl.load(pmax_ptr + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
@@ -159,11 +164,17 @@ if triton is not None:
         j = tl.arange(0, NB)
         keys = tl.load(pkey_ptr + row * n_chunks * KB + j, mask=j < n_chunks * KB, other=-9223372036854775807)
         top = tl.topk(keys, KB)
-        val = _key_score(top)
+        live = top > -9223372036854775807         # False only past the end of a row narrower than KB
+        val = tl.where(live, _key_score(top), float("-inf"))
+        tok = tl.where(live, _key_index(top), 2147483647)  # ddtree.tp.PAD_ID
         kk = tl.arange(0, KB)
-        logp = tl.where(val > float("-inf"), val - log_z, float("-inf"))
-        tl.store(logp_ptr + row * k + kk, logp, mask=kk < k)
-        tl.store(tok_ptr + row * k + kk, _key_index(top), mask=kk < k)
+        if RAW:
+            tl.store(logp_ptr + row * k + kk, val, mask=kk < k)
+            tl.store(logz_ptr + row, log_z)
+        else:
+            logp = tl.where(val > float("-inf"), val - log_z, float("-inf"))
+            tl.store(logp_ptr + row * k + kk, logp, mask=kk < k)
+        tl.store(tok_ptr + row * k + kk, tok, mask=kk < k)
 
     @triton.jit
     def _tree_kernel(cand_logp_ptr, cand_tok_ptr, root_ptr, pair_i_ptr, pair_j_ptr, n_pairs,
@@ -241,31 +252,77 @@ def _chunk_size(kb: int) -> int:
     return max(4096, 32 * kb)
 
 
-def draft_candidates(draft_logits: torch.Tensor, k: int) -> Candidates:
-    """Fused candidates: [bs, L, V] logits -> top-k log-probs and tokens per depth."""
-    bs, n_depth, vocab = draft_logits.shape
-    if draft_logits.stride(-1) != 1:
-        draft_logits = draft_logits.contiguous()
+@dataclass(frozen=True)
+class _Partials:
+    """Per-chunk partial results of _chunk_kernel for rows = bs * L."""
+
+    pmax: torch.Tensor  # float32 [rows * C]      chunk max
+    psum: torch.Tensor  # float32 [rows * C]      chunk sum of exp(x - max)
+    pkey: torch.Tensor  # int64   [rows * C * KB] chunk top-KB order keys
+    n_chunks: int
+    kb: int
+
+
+def _chunk_partials(logits: torch.Tensor, k: int, id_offset: int) -> _Partials:
+    """logits [bs, L, V] (last dim contiguous) -> per-chunk max, sum of exp and top keys."""
+    bs, n_depth, vocab = logits.shape
     kb = _next_pow2(k)
-    chunk = min(_chunk_size(kb), _next_pow2(vocab))
-    chunk = max(chunk, kb)
+    chunk = max(min(_chunk_size(kb), _next_pow2(vocab)), kb)
     n_chunks = triton.cdiv(vocab, chunk)
     rows = bs * n_depth
-    dev = draft_logits.device
-    pmax = torch.empty(rows * n_chunks, dtype=torch.float32, device=dev)
-    psum = torch.empty(rows * n_chunks, dtype=torch.float32, device=dev)
-    pkey = torch.empty(rows * n_chunks * kb, dtype=torch.int64, device=dev)
+    dev = logits.device
+    parts = _Partials(pmax=torch.empty(rows * n_chunks, dtype=torch.float32, device=dev),
+                      psum=torch.empty(rows * n_chunks, dtype=torch.float32, device=dev),
+                      pkey=torch.empty(rows * n_chunks * kb, dtype=torch.int64, device=dev),
+                      n_chunks=n_chunks, kb=kb)
     warps = 4 if chunk <= 4096 else (8 if chunk <= 8192 else 16)
     group = max(1, min(16, chunk // (2 * kb)))
-    _chunk_kernel[(rows, n_chunks)](draft_logits, draft_logits.stride(0), draft_logits.stride(1),
-                                    n_depth, vocab, n_chunks, pmax, psum, pkey,
+    _chunk_kernel[(rows, n_chunks)](logits, logits.stride(0), logits.stride(1), n_depth, vocab, n_chunks,
+                                    id_offset, parts.pmax, parts.psum, parts.pkey,
                                     CHUNK=chunk, KB=kb, GROUP=group, num_warps=warps)
-    logp = torch.empty((bs, n_depth, k), dtype=torch.float32, device=dev)
-    tokens = torch.empty((bs, n_depth, k), dtype=torch.int64, device=dev)
-    nb = max(_next_pow2(n_chunks * kb), kb)
-    _merge_kernel[(rows,)](pmax, psum, pkey, logp, tokens, n_chunks, k,
-                           CB=_next_pow2(n_chunks), NB=nb, KB=kb, num_warps=4 if nb <= 4096 else 8)
+    return parts
+
+
+def _merge_partials(parts: _Partials, rows: int, k: int, out: torch.Tensor, tokens: torch.Tensor,
+                    log_z: torch.Tensor | None) -> None:
+    """Writes out [rows, k] (logp, or raw logits when log_z [rows] is given) and tokens [rows, k]."""
+    nb = max(_next_pow2(parts.n_chunks * parts.kb), parts.kb)
+    raw = log_z is not None
+    _merge_kernel[(rows,)](parts.pmax, parts.psum, parts.pkey, out, tokens, log_z if raw else out,
+                           parts.n_chunks, k, CB=_next_pow2(parts.n_chunks), NB=nb, KB=parts.kb, RAW=raw,
+                           num_warps=4 if nb <= 4096 else 8)
+
+
+def draft_candidates(draft_logits: torch.Tensor, k: int) -> Candidates:
+    """Fused candidates: [bs, L, V] logits -> top-k log-probs and tokens per depth."""
+    bs, n_depth, _ = draft_logits.shape
+    if draft_logits.stride(-1) != 1:
+        draft_logits = draft_logits.contiguous()
+    parts = _chunk_partials(draft_logits, k, 0)
+    logp = torch.empty((bs, n_depth, k), dtype=torch.float32, device=draft_logits.device)
+    tokens = torch.empty((bs, n_depth, k), dtype=torch.int64, device=draft_logits.device)
+    _merge_partials(parts, bs * n_depth, k, logp, tokens, None)
     return Candidates(logp=logp, tokens=tokens)
+
+
+def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int):
+    """One TP rank's shard [bs, L, Vs] -> ShardCandidates (top-k raw logits, global ids, log_z).
+
+    Equal to ddtree.tp's torch path: ties to the smaller global id; a shard narrower than k pads
+    with logit -inf and id ddtree.tp.PAD_ID.
+    """
+    from ddtree.tp import ShardCandidates
+
+    bs, n_depth, _ = shard_logits.shape
+    if shard_logits.stride(-1) != 1:
+        shard_logits = shard_logits.contiguous()
+    parts = _chunk_partials(shard_logits, k, vocab_start)
+    dev = shard_logits.device
+    logits = torch.empty((bs, n_depth, k), dtype=torch.float32, device=dev)
+    ids = torch.empty((bs, n_depth, k), dtype=torch.int64, device=dev)
+    log_z = torch.empty((bs, n_depth), dtype=torch.float32, device=dev)
+    _merge_partials(parts, bs * n_depth, k, logits, ids, log_z)
+    return ShardCandidates(logits=logits, ids=ids, log_z=log_z)
 
 
 def build_tree(cand: Candidates, root_tokens: torch.Tensor, budget: int) -> DraftTree:

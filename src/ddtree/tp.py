@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree.tree import MASK32, Candidates, order_key
+from ddtree.tree import MASK32, Candidates, order_key, resolve_backend
+
+PAD_ID = 2**31 - 1  # the global id of a missing candidate (a shard narrower than k)
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,22 @@ class ShardCandidates:
     log_z: torch.Tensor   # float32 [bs, L]     logsumexp over the shard
 
 
-def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int) -> ShardCandidates:
-    """shard_logits [bs, L, Vs] (this rank's columns vocab_start .. vocab_start + Vs - 1)."""
+def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int,
+                     backend: str | None = None) -> ShardCandidates:
+    """shard_logits [bs, L, Vs] (this rank's columns vocab_start .. vocab_start + Vs - 1).
+
+    backend as in ddtree.build_tree: on CUDA the fused Triton kernels (one read of the shard),
+    elsewhere torch; both give the same candidates.
+    """
+    if resolve_backend(backend, shard_logits.device) == "triton":
+        from ddtree import _triton
+
+        return _triton.shard_candidates(shard_logits, k, vocab_start)
+    return shard_candidates_torch(shard_logits, k, vocab_start)
+
+
+def shard_candidates_torch(shard_logits: torch.Tensor, k: int, vocab_start: int) -> ShardCandidates:
+    """The plain-torch shard candidates (the reference for the Triton path)."""
     x = shard_logits.float()
     vs = x.shape[-1]
     kk = min(k, vs)
@@ -36,7 +52,7 @@ def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int) -> Sh
     if kk < k:  # a shard narrower than k: pad with impossible candidates
         pad = k - kk
         logits = torch.cat([logits, logits.new_full((*logits.shape[:-1], pad), float("-inf"))], dim=-1)
-        ids = torch.cat([ids, ids.new_full((*ids.shape[:-1], pad), 2**31 - 1)], dim=-1)
+        ids = torch.cat([ids, ids.new_full((*ids.shape[:-1], pad), PAD_ID)], dim=-1)
     return ShardCandidates(logits=logits, ids=ids, log_z=torch.logsumexp(x, dim=-1))
 
 
@@ -52,11 +68,12 @@ def merge_shards(logits: torch.Tensor, ids: torch.Tensor, log_z: torch.Tensor, k
     return Candidates(logp=logp, tokens=flat_ids.gather(-1, pick))
 
 
-def tp_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int, group=None) -> Candidates:
+def tp_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int, group=None,
+                  backend: str | None = None) -> Candidates:
     """All ranks: local top-k, one all-gather (packed into one float64 tensor), identical merge."""
     import torch.distributed as dist
 
-    local = shard_candidates(shard_logits, k, vocab_start)
+    local = shard_candidates(shard_logits, k, vocab_start, backend)
     # pack: [logits (k) | ids (k) | log_z (1)] per (b, d); float64 holds ids < 2**53 exactly
     packed = torch.cat([local.logits.double(), local.ids.double(), local.log_z.double()[..., None]], dim=-1)
     world = dist.get_world_size(group)
@@ -70,7 +87,7 @@ def tp_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int, group=No
 
 
 def vocab_parallel_candidates(hidden: torch.Tensor, weight_shard: torch.Tensor, org_start: int, num_org: int,
-                              k: int, group=None) -> Candidates:
+                              k: int, group=None, backend: str | None = None) -> Candidates:
     """Draft candidates straight from a vocabulary-parallel LM head (SGLang's ParallelLMHead).
 
     hidden [bs, L, H] (the draft's normalised hidden states at depths 1..L); weight_shard
@@ -78,4 +95,4 @@ def vocab_parallel_candidates(hidden: torch.Tensor, weight_shard: torch.Tensor, 
     rest pad the shard to an aligned size and must not count, not even in the log-normaliser).
     """
     shard_logits = torch.matmul(hidden, weight_shard[:num_org].t())          # [bs, L, num_org]
-    return tp_candidates(shard_logits, k, org_start, group)
+    return tp_candidates(shard_logits, k, org_start, group, backend)

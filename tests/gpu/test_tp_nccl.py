@@ -16,6 +16,7 @@ def test_two_ranks_merge_to_the_unsharded_tree_and_replay_in_graphs():
     tp_merge = import_bench("tp_merge")
     rows = tp_merge.run(2, quick=True)
     assert rows and all(r.world == 2 for r in rows)
+    assert {r.shard for r in rows} == {"triton", "torch"}
     for r in rows:
         assert r.equal_unsharded, r
         assert r.graph_exact, r

@@ -70,3 +70,29 @@ def test_triton_argmax_matches_torch_over_chunks():
     x = torch.randn(3, 4, 9000).to(DEVICE)
     x[0, 0, 8999] = x[0, 0, 10] = 50.0  # tie across chunks: the smaller index
     assert torch.equal(triton_mod.argmax_rows(x), x.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("vocab,world,k", [(60, 2, 8), (12, 4, 8), (8200, 2, 4), (300, 3, 1)])
+def test_triton_shard_candidates_equal_torch_shard_candidates(vocab, world, k):
+    """A TP rank's shard: same global ids, raw logits and log-normaliser as the torch path.
+
+    Shards of 3 columns are narrower than k (padded with -inf / PAD_ID); 4100-column shards span
+    two chunks; a tie across a shard boundary and a masked-out row are included.
+    """
+    from ddtree.tp import PAD_ID, shard_candidates, shard_candidates_torch
+
+    g = torch.Generator().manual_seed(vocab + world)
+    x = (torch.randn(2, 3, vocab, generator=g) * 3).to(torch.bfloat16)
+    x[..., vocab // world - 1] = x[..., vocab // world]  # tie across the first boundary
+    x[1, 0, :] = float("-inf")                          # a row with no finite token
+    x = x.to(DEVICE)
+    bounds = [vocab * r // world for r in range(world + 1)]
+    for lo, hi in zip(bounds, bounds[1:]):
+        a = shard_candidates(x[..., lo:hi], k, lo, backend="triton")
+        b = shard_candidates_torch(x[..., lo:hi], k, lo)
+        assert torch.equal(a.ids, b.ids), (lo, hi)
+        assert torch.equal(a.logits, b.logits), (lo, hi)
+        assert torch.equal(torch.isinf(a.log_z), torch.isinf(b.log_z))
+        finite = torch.isfinite(b.log_z)
+        assert torch.allclose(a.log_z[finite], b.log_z[finite], atol=1e-5)
+        assert bool(((a.ids >= lo) & (a.ids < hi) | (a.ids == PAD_ID)).all())
