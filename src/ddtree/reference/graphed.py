@@ -15,6 +15,8 @@ host commit after the replay.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 from dataclasses import dataclass, field
 
@@ -69,6 +71,25 @@ def slot_bucket(needed: int, limit: int) -> int:
     return min(size, limit)
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Collect Python's cyclic garbage, then keep the collector off while graphs are captured.
+
+    torch 2.11's torch.cuda.graph no longer collects before capture (only with
+    torch.compiler.config.force_cudagraph_gc), so a dead cycle holding CUDA objects (a dropped
+    decoder's graphs, events, buffers) could be collected in the middle of a capture, and its
+    destructors' CUDA calls invalidate the capture.
+    """
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class GraphRunner:
     """Captures and replays a Decoder's step; `split_stages` captures one graph per stage (timing)."""
 
@@ -94,7 +115,9 @@ class GraphRunner:
         returns that pool's memory, the next cuBLAS call on the recycled stream used the stale workspace
         and a later capture failed (CUBLAS_STATUS_EXECUTION_FAILED; reproduced on the H200 after ~20
         decoders built and dropped in one process). The workspace cache is process-wide: close a runner
-        only when no other graphed decoder of this process is still replaying."""
+        only when no other graphed decoder of this process is still replaying. (An unclosed decoder is
+        freed only by Python's cyclic collector - it and its runner reference each other; gc_paused keeps
+        that out of captures.)"""
         torch.cuda.synchronize(self.decoder.device)
         self._captured.clear()
         self._buckets.clear()
@@ -173,15 +196,16 @@ class GraphRunner:
         self._warm_up(io, stages)
         groups = [[s] for s in stages] if self.split_stages else [stages]
         pool = None                                # split capture: the stage graphs share one pool
-        for group in groups:
-            graph = torch.cuda.CUDAGraph()
-            if io.generator is not None:
-                graph.register_generator_state(io.generator)
-            with torch.cuda.graph(graph, pool=pool, stream=self.capture_stream):
-                for _, stage in group:
-                    stage(io)
-            cap.graphs.append(("+".join(n for n, _ in group), graph))
-            pool = graph.pool()
+        with gc_paused():
+            for group in groups:
+                graph = torch.cuda.CUDAGraph()
+                if io.generator is not None:
+                    graph.register_generator_state(io.generator)
+                with torch.cuda.graph(graph, pool=pool, stream=self.capture_stream):
+                    for _, stage in group:
+                        stage(io)
+                cap.graphs.append(("+".join(n for n, _ in group), graph))
+                pool = graph.pool()
         log.info("cuda graphs: captured %s bucket %d x %d slots (%s)", d.method, b, bucket.slots,
                  ", ".join(n for n, _ in cap.graphs))
         return cap
