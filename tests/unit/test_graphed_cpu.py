@@ -1,4 +1,4 @@
-"""gc_paused: cyclic garbage is collected before a capture and none is collected during it."""
+"""gc_paused (cyclic garbage collected before a capture, none during it) and run_marked (timing marks)."""
 
 from __future__ import annotations
 
@@ -49,3 +49,23 @@ def test_the_collector_is_back_on_after_a_failed_capture():
     except RuntimeError:
         pass
     assert gc.isenabled()
+
+
+def test_run_marked_records_each_calls_marks_around_it_in_order():
+    from ddtree.reference.engine import run_marked
+
+    log = []
+
+    class Mark:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self):
+            log.append(self.name)
+
+    marks = [(Mark("s0"), Mark("e0")), (Mark("s1"), Mark("e1"))]
+    run_marked([lambda: log.append("a"), lambda: log.append("b")], marks)
+    assert log == ["s0", "a", "e0", "s1", "b", "e1"]
+    log.clear()
+    run_marked([lambda: log.append("a")], None)
+    assert log == ["a"]

@@ -99,6 +99,16 @@ def _check(name: str, ok: bool, value, allowed: str) -> None:
         raise ValueError(f"{name}={value!r} is invalid: {allowed}")
 
 
+def run_marked(calls, marks=None) -> None:
+    """Run calls in order; with marks (timing), record marks[i] = (start, end) events around call i."""
+    for i, call in enumerate(calls):
+        if marks:
+            marks[i][0].record()
+        call()
+        if marks:
+            marks[i][1].record()
+
+
 class Decoder:
     """Decodes batches with one pair and one method; `start` then `step` until `state.done`."""
 
@@ -238,12 +248,7 @@ class Decoder:
                                    "(Decoder.close): finish or cancel batches before closing the decoder")
             return self.finish_step(state, self.graphs.replay(state, marks))
         io = self.step_io(state)
-        for i, (_, stage) in enumerate(self.stages()):
-            if marks:
-                marks[i][0].record()
-            stage(io)
-            if marks:
-                marks[i][1].record()
+        run_marked([lambda stage=stage: stage(io) for _, stage in self.stages()], marks)
         return self.finish_step(state, io)
 
     @staticmethod

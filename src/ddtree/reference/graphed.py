@@ -233,7 +233,7 @@ class GraphRunner:
 
         marks (timing): one (start, end) pair with .record() per captured graph, recorded around it.
         """
-        from ddtree.reference.engine import StepIO
+        from ddtree.reference.engine import StepIO, run_marked
 
         cap = self.captured(state)
         n = len(state.requests)
@@ -241,12 +241,7 @@ class GraphRunner:
             raise ValueError(f"marks has {len(marks)} pairs for {len(cap.graphs)} graphs: time stages with "
                              "split_stages=True")
         cap.registry.copy_in(self._sources(state), "replay")
-        for i, (_, graph) in enumerate(cap.graphs):
-            if marks:
-                marks[i][0].record()
-            graph.replay()
-            if marks:
-                marks[i][1].record()
+        run_marked([graph.replay for _, graph in cap.graphs], marks)
         io = cap.io
         state.roots.copy_(io.roots[:n])
         state.lengths.copy_(io.lengths[:n])
