@@ -36,6 +36,26 @@ What the decode path has to respect in 0.5.23 (read from its source, for the nex
   and leaves custom_mask None for backends in _DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS (triton is one);
   the plugin's AFTER hook (plugin.capture_with_tree_mask) puts the runner's mask buffer in for the
   DDTREE target (done, contract-tested), so the decode path must always pass its FULL_MASK.
+- Stage map for the decode branch, read from 0.5.23's DFlashWorkerV2.forward_batch_generation
+  (prefill and idle branches can stay the parent's): (1) draft block: _ensure_draft_block_buffers,
+  the block ids/positions/out_cache_loc (_prepare_dflash_draft_block_unchecked), noise embedding,
+  kv_index_translator.plan(..., read_extent=block_size) and draft_model_runner.forward in
+  TARGET_VERIFY mode - all block-wide, so they must see the draft's block, not the server's
+  num_draft_tokens; (2) instead of _greedy_sample_from_vocab_parallel_head: the draft hidden states
+  at depths 1..L through ddtree.tp.vocab_parallel_candidates (lm_head.shard_indices gives
+  org_vocab_start_index / num_org_elements; the fused Triton shard path, measured on 2 H200s) and
+  build_tree_from_candidates; (3) target verify over budget + 1 slots per request: its own
+  out_cache_loc window from req_to_token[prefix : prefix + budget + 1], a second kv_loc plan with
+  read_extent = budget + 1, DFlashVerifyInput(draft_token = tree tokens, positions = prefix + depth,
+  draft_token_num = budget + 1, custom_mask = glue.full_mask) and prepare_for_verify; (4) instead
+  of _accept_block: verify_tree with sampling_params_from_sglang on next_token_logits
+  [bs * (budget + 1), V], its accept lengths and bonus passed through self._tp_sync.sync (the
+  parent's rank-0 agreement) like the parent's DFLASH_ACCEPT_* sites, then glue.commit_plan /
+  rewrite_req_to_token; (5) _append_target_hidden_to_draft_kv_by_loc with the accepted nodes'
+  hidden rows and slots in path order and commit_lens = accepted + 1; (6) GenerationBatchResult
+  with out_tokens [bs, block] (stride = block size) and speculative_num_draft_tokens as the
+  scheduler's accounting expects. Logprobs, grammar, mamba state and DP attention paths of the
+  parent are not covered by this plan and must be refused in validation first.
 - Nothing of this can run on this project's machines (the server needs torch 2.14.1 + its
   kernels); the first run is on the production host, behind validate.yml (DDTREE vs NONE token
   by token), which must pass before the service is trusted.
