@@ -14,8 +14,6 @@ inputs (and tests run it under TRITON_INTERPRET=1 on the CPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 try:  # Triton is optional: CPU-only installs use the torch path
@@ -252,56 +250,41 @@ def _chunk_size(kb: int) -> int:
     return max(4096, 32 * kb)
 
 
-@dataclass(frozen=True)
-class _Partials:
-    """Per-chunk partial results of _chunk_kernel for rows = bs * L."""
+def _fused_topk(logits: torch.Tensor, k: int, id_offset: int, with_log_z: bool):
+    """logits [bs, L, V] -> (values [bs, L, k] float32, ids [bs, L, k] int64, log_z [bs, L] or None).
 
-    pmax: torch.Tensor  # float32 [rows * C]      chunk max
-    psum: torch.Tensor  # float32 [rows * C]      chunk sum of exp(x - max)
-    pkey: torch.Tensor  # int64   [rows * C * KB] chunk top-KB order keys
-    n_chunks: int
-    kb: int
-
-
-def _chunk_partials(logits: torch.Tensor, k: int, id_offset: int) -> _Partials:
-    """logits [bs, L, V] (last dim contiguous) -> per-chunk max, sum of exp and top keys."""
+    Two launches: _chunk_kernel (one read of each chunk), _merge_kernel (per row). values are
+    log-probs; with_log_z (a TP shard, ids offset by id_offset): the raw logits and log_z instead.
+    """
     bs, n_depth, vocab = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
     kb = _next_pow2(k)
     chunk = max(min(_chunk_size(kb), _next_pow2(vocab)), kb)
     n_chunks = triton.cdiv(vocab, chunk)
     rows = bs * n_depth
     dev = logits.device
-    parts = _Partials(pmax=torch.empty(rows * n_chunks, dtype=torch.float32, device=dev),
-                      psum=torch.empty(rows * n_chunks, dtype=torch.float32, device=dev),
-                      pkey=torch.empty(rows * n_chunks * kb, dtype=torch.int64, device=dev),
-                      n_chunks=n_chunks, kb=kb)
+    pmax = torch.empty(rows * n_chunks, dtype=torch.float32, device=dev)
+    psum = torch.empty(rows * n_chunks, dtype=torch.float32, device=dev)
+    pkey = torch.empty(rows * n_chunks * kb, dtype=torch.int64, device=dev)
     warps = 4 if chunk <= 4096 else (8 if chunk <= 8192 else 16)
     group = max(1, min(16, chunk // (2 * kb)))
     _chunk_kernel[(rows, n_chunks)](logits, logits.stride(0), logits.stride(1), n_depth, vocab, n_chunks,
-                                    id_offset, parts.pmax, parts.psum, parts.pkey,
+                                    id_offset, pmax, psum, pkey,
                                     CHUNK=chunk, KB=kb, GROUP=group, num_warps=warps)
-    return parts
-
-
-def _merge_partials(parts: _Partials, rows: int, k: int, out: torch.Tensor, tokens: torch.Tensor,
-                    log_z: torch.Tensor | None) -> None:
-    """Writes out [rows, k] (logp, or raw logits when log_z [rows] is given) and tokens [rows, k]."""
-    nb = max(_next_pow2(parts.n_chunks * parts.kb), parts.kb)
-    raw = log_z is not None
-    _merge_kernel[(rows,)](parts.pmax, parts.psum, parts.pkey, out, tokens, log_z if raw else out,
-                           parts.n_chunks, k, CB=_next_pow2(parts.n_chunks), NB=nb, KB=parts.kb, RAW=raw,
+    values = torch.empty((bs, n_depth, k), dtype=torch.float32, device=dev)
+    ids = torch.empty((bs, n_depth, k), dtype=torch.int64, device=dev)
+    log_z = torch.empty((bs, n_depth), dtype=torch.float32, device=dev) if with_log_z else None
+    nb = max(_next_pow2(n_chunks * kb), kb)
+    _merge_kernel[(rows,)](pmax, psum, pkey, values, ids, log_z if with_log_z else values, n_chunks, k,
+                           CB=_next_pow2(n_chunks), NB=nb, KB=kb, RAW=with_log_z,
                            num_warps=4 if nb <= 4096 else 8)
+    return values, ids, log_z
 
 
 def draft_candidates(draft_logits: torch.Tensor, k: int) -> Candidates:
     """Fused candidates: [bs, L, V] logits -> top-k log-probs and tokens per depth."""
-    bs, n_depth, _ = draft_logits.shape
-    if draft_logits.stride(-1) != 1:
-        draft_logits = draft_logits.contiguous()
-    parts = _chunk_partials(draft_logits, k, 0)
-    logp = torch.empty((bs, n_depth, k), dtype=torch.float32, device=draft_logits.device)
-    tokens = torch.empty((bs, n_depth, k), dtype=torch.int64, device=draft_logits.device)
-    _merge_partials(parts, bs * n_depth, k, logp, tokens, None)
+    logp, tokens, _ = _fused_topk(draft_logits, k, 0, with_log_z=False)
     return Candidates(logp=logp, tokens=tokens)
 
 
@@ -313,15 +296,7 @@ def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int):
     """
     from ddtree.tp import ShardCandidates
 
-    bs, n_depth, _ = shard_logits.shape
-    if shard_logits.stride(-1) != 1:
-        shard_logits = shard_logits.contiguous()
-    parts = _chunk_partials(shard_logits, k, vocab_start)
-    dev = shard_logits.device
-    logits = torch.empty((bs, n_depth, k), dtype=torch.float32, device=dev)
-    ids = torch.empty((bs, n_depth, k), dtype=torch.int64, device=dev)
-    log_z = torch.empty((bs, n_depth), dtype=torch.float32, device=dev)
-    _merge_partials(parts, bs * n_depth, k, logits, ids, log_z)
+    logits, ids, log_z = _fused_topk(shard_logits, k, vocab_start, with_log_z=True)
     return ShardCandidates(logits=logits, ids=ids, log_z=log_z)
 
 
