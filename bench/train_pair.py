@@ -69,11 +69,24 @@ def load_corpus(seed: int, heldout_share: float = 0.05) -> tuple[Corpus, list[by
     return corpus, held_texts
 
 
-def configs(block_size: int) -> tuple[TargetConfig, DraftConfig]:
-    target = TargetConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                          num_key_value_heads=4, head_dim=64, max_position_embeddings=2048)
-    draft = DraftConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=8,
-                        num_key_value_heads=4, head_dim=64, block_size=block_size, target_layer_ids=[1, 4, 7],
+# Model sizes: "h200" (~25M target, minutes on the H200) and "small" (~5M target: a 1-2 minute GPU run
+# for the SGLang test bed, or a long CPU run). The draft reads target layers below the last one: SGLang captures a
+# layer's output as the input of the next layer, so the last layer cannot feed a DFlash draft there.
+SIZES = {
+    "h200": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=64, target_layer_ids=[1, 4, 6], draft_layers=2),
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=64, target_layer_ids=[1, 3, 4], draft_layers=2),
+}
+MAX_MINUTES = {"cuda": 8.0, "cpu": 90.0}   # GPU device time is the scarce budget
+
+
+def configs(block_size: int, size: str = "h200") -> tuple[TargetConfig, DraftConfig]:
+    s = dict(SIZES[size])
+    layer_ids, draft_layers = s.pop("target_layer_ids"), s.pop("draft_layers")
+    target = TargetConfig(**s, max_position_embeddings=2048)
+    s.pop("num_hidden_layers")
+    draft = DraftConfig(**s, num_hidden_layers=draft_layers, block_size=block_size, target_layer_ids=layer_ids,
                         mask_token_id=TOK.mask_token_id)
     return target, draft
 
@@ -153,7 +166,9 @@ def heldout_prompts(texts: list[bytes], count: int, length: int, seed: int) -> l
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (DIR/b8, DIR/b16, ...)")
-    ap.add_argument("--minutes", type=float, default=8.0, help="wall-time budget of all training (at most 8)")
+    ap.add_argument("--minutes", type=float, default=8.0,
+                    help="wall-time budget of all training (at most 8 on a GPU, 90 on the CPU)")
+    ap.add_argument("--size", choices=sorted(SIZES), default="h200", help="model sizes (see SIZES)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=512)
@@ -161,8 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
-    if not 0 < args.minutes <= 8:
-        ap.error(f"--minutes {args.minutes} is invalid: expected 0 < minutes <= 8")
+    limit = MAX_MINUTES["cuda" if args.device.startswith("cuda") else "cpu"]
+    if not 0 < args.minutes <= limit:
+        ap.error(f"--minutes {args.minutes} is invalid: expected 0 < minutes <= {limit:g} on {args.device}")
     blocks = [int(b) for b in args.block_sizes.split(",")]
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -172,9 +188,9 @@ def main(argv=None) -> int:
     print(f"corpus: {corpus.train_files} training files ({train_data.numel() / 1e6:.1f} MB), "
           f"{len(corpus.heldout_files)} held-out files ({held_data.numel() / 1e6:.2f} MB)", flush=True)
     budget = args.minutes * 60
-    target_cfg, _ = configs(blocks[0])
+    target_cfg, _ = configs(blocks[0], args.size)
     target = TargetLM(target_cfg).to(dev)
-    report = {"seed": args.seed, "minutes": args.minutes, "device": str(dev), "torch": torch.__version__,
+    report = {"seed": args.seed, "minutes": args.minutes, "size": args.size, "device": str(dev), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
               "target_config": asdict(target_cfg), "heldout_files": corpus.heldout_files,
               "train_files": corpus.train_files, "drafts": {}}
@@ -187,7 +203,7 @@ def main(argv=None) -> int:
         lambda: target_loss(target, windows(held_data, args.batch, args.seq + 1, gen)), 20)
     print(f"target held-out loss {report['target_heldout_loss']:.4f} nats/byte", flush=True)
     for block in blocks:
-        _, draft_cfg = configs(block)
+        _, draft_cfg = configs(block, args.size)
         draft = DFlashDraft(draft_cfg, target_cfg.hidden_size, target.embed_tokens, target.lm_head).to(dev)
 
         def step(data=train_data, d=draft):

@@ -58,3 +58,33 @@ def import_bench(name: str):
     if bench not in sys.path:
         sys.path.insert(0, bench)
     return importlib.import_module(name)
+
+
+def two_sample_chi_square_pvalue(a, b) -> float:
+    """Chi-square test that two samples (iterables of hashable outcomes) come from one distribution.
+
+    Outcomes are sorted by their pooled count and the rarest are merged until every merged cell
+    expects at least 5 in each sample; p-value of the 2 x K contingency table.
+    """
+    from collections import Counter
+
+    from scipy import stats
+
+    ca, cb = Counter(a), Counter(b)
+    na, nb = sum(ca.values()), sum(cb.values())
+    rows, acc_a, acc_b = [], 0, 0
+    for outcome in sorted(set(ca) | set(cb), key=lambda o: ca[o] + cb[o]):
+        acc_a += ca[outcome]
+        acc_b += cb[outcome]
+        pooled = (acc_a + acc_b) / (na + nb)
+        if pooled * min(na, nb) >= 5:
+            rows.append((acc_a, acc_b))
+            acc_a = acc_b = 0
+    if acc_a or acc_b:
+        if rows:
+            rows[-1] = (rows[-1][0] + acc_a, rows[-1][1] + acc_b)
+        else:
+            rows.append((acc_a, acc_b))
+    if len(rows) < 2:
+        return 1.0                                   # one cell: nothing to tell apart
+    return float(stats.chi2_contingency(list(zip(*rows)), correction=False).pvalue)

@@ -68,22 +68,30 @@ def merge_shards(logits: torch.Tensor, ids: torch.Tensor, log_z: torch.Tensor, k
     return Candidates(logp=logp, tokens=flat_ids.gather(-1, pick))
 
 
+def pack_shard(local: ShardCandidates) -> torch.Tensor:
+    """One rank's contribution as one tensor for one all-gather: float64 [bs, L, 2k+1] laid out
+    [logits (k) | ids (k) | log_z (1)]; float64 holds ids < 2**53 exactly."""
+    return torch.cat([local.logits.double(), local.ids.double(), local.log_z.double()[..., None]], dim=-1)
+
+
+def merge_packed(gathered: torch.Tensor, k: int) -> Candidates:
+    """gathered float64 [W, bs, L, 2k+1] (every rank's pack_shard, in rank order) -> Candidates."""
+    logits = gathered[..., :k].float()
+    ids = gathered[..., k:2 * k].long()
+    log_z = gathered[..., 2 * k].float()
+    return merge_shards(logits, ids, log_z, k)
+
+
 def tp_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int, group=None,
                   backend: str | None = None) -> Candidates:
     """All ranks: local top-k, one all-gather (packed into one float64 tensor), identical merge."""
     import torch.distributed as dist
 
-    local = shard_candidates(shard_logits, k, vocab_start, backend)
-    # pack: [logits (k) | ids (k) | log_z (1)] per (b, d); float64 holds ids < 2**53 exactly
-    packed = torch.cat([local.logits.double(), local.ids.double(), local.log_z.double()[..., None]], dim=-1)
+    packed = pack_shard(shard_candidates(shard_logits, k, vocab_start, backend))
     world = dist.get_world_size(group)
     parts = [torch.empty_like(packed) for _ in range(world)]
     dist.all_gather(parts, packed, group=group)  # gloo (CPU tests) and NCCL alike
-    out = torch.stack(parts)                                                  # [W, bs, L, 2k+1]
-    logits = out[..., :k].float()
-    ids = out[..., k:2 * k].long()
-    log_z = out[..., 2 * k].float()
-    return merge_shards(logits, ids, log_z, k)
+    return merge_packed(torch.stack(parts), k)                                # [W, bs, L, 2k+1]
 
 
 def vocab_parallel_candidates(hidden: torch.Tensor, weight_shard: torch.Tensor, org_start: int, num_org: int,

@@ -303,15 +303,24 @@ def build_tree(draft_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget:
     give identical trees.
     """
     _check_build_args(draft_logits, root_tokens, budget, topk_cap)
-    k = min(topk_cap, budget, draft_logits.shape[-1])  # more than `budget` children never fit
+    k = candidate_count(topk_cap, budget, draft_logits.shape[-1])
     chosen = resolve_backend(backend, draft_logits.device)
-    if chosen == "triton":
+    return build_tree_from_candidates(draft_candidates(draft_logits, k, chosen), root_tokens, budget,
+                                      backend=chosen)
+
+
+def candidate_count(topk_cap: int, budget: int, vocab: int) -> int:
+    """K, the candidates kept per depth: more than `budget` children never fit in the tree."""
+    return min(topk_cap, budget, vocab)
+
+
+def draft_candidates(draft_logits: torch.Tensor, k: int, backend: str | None = None) -> Candidates:
+    """[bs, L, V] draft logits -> Candidates with K = k (fused Triton pass on CUDA, else torch)."""
+    if resolve_backend(backend, draft_logits.device) == "triton":
         from ddtree import _triton
 
-        cand = _triton.draft_candidates(draft_logits, k)
-    else:
-        cand = draft_candidates_torch(draft_logits, k)
-    return build_tree_from_candidates(cand, root_tokens, budget, backend=chosen)
+        return _triton.draft_candidates(draft_logits, k)
+    return draft_candidates_torch(draft_logits, k)
 
 
 def build_tree_from_candidates(cand: Candidates, root_tokens: torch.Tensor, budget: int,

@@ -6,6 +6,7 @@ Stages (one function each):
   node_targets      one token per node: argmax (temperature 0) or one sample (temperature > 0)
   walk_tree         from the root, follow the child whose token equals the current node's
                     target token; the target token at the last accepted node is the bonus
+                    (accept_path: the same stage for targets chosen elsewhere, e.g. rank 0's)
 
 Why this is lossless: the tree is a deterministic function of the context, and the token
 emitted after an accepted node is a sample from the target at exactly that node's context, so
@@ -195,8 +196,24 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, temperature, top_p
     _check_verify_args(tree, target_logits)
     params = _sampling_params(target_logits, temperature, top_p, top_k, min_p)
     chosen = resolve_backend(backend, target_logits.device)
-    targets = node_targets(target_logits, params, generator, chosen)
-    if chosen == "triton":
+    return accept_path(tree, node_targets(target_logits, params, generator, chosen), backend=chosen)
+
+
+def accept_path(tree: DraftTree, targets: torch.Tensor, backend: str | None = None) -> Verdict:
+    """The walk stage alone: targets int64 [bs, N] = the target's token at every node (its argmax,
+    or one sample from its processed distribution, as node_targets chooses).
+
+    A tensor-parallel server chooses the targets on every rank, broadcasts rank 0's and calls this
+    on each rank, so that every rank commits the same verdict.
+    """
+    if not isinstance(tree, DraftTree):
+        raise _checks.fail("tree", type(tree).__name__, "expected the DraftTree returned by build_tree")
+    if targets.shape != tree.tokens.shape:
+        raise _checks.fail("targets.shape", tuple(targets.shape),
+                           f"expected {tuple(tree.tokens.shape)}: one token per tree node")
+    if targets.dtype != torch.int64:
+        raise _checks.fail("targets.dtype", targets.dtype, "expected int64 token ids")
+    if resolve_backend(backend, targets.device) == "triton":
         from ddtree import _triton
 
         return _triton.walk(tree, targets)

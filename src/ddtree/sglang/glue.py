@@ -85,6 +85,7 @@ class CommitPlan:
     """
 
     window: torch.Tensor       # int64 [bs, N]    the permuted window: accepted nodes' slots (path order), then the rest
+    order: torch.Tensor        # int64 [bs, N]    the permutation: window = old_window.gather(1, order)
     out_tokens: torch.Tensor   # int64 [bs, L+1]  accepted draft tokens, then the bonus; 0 after (SGLang's out_tokens)
     commit_lens: torch.Tensor  # int32 [bs]       accepted draft tokens + 1 (tokens committed this step)
     bonus: torch.Tensor        # int64 [bs]       the next root
@@ -104,12 +105,19 @@ def commit_plan(verdict: Verdict, window: torch.Tensor, prefix_lens: torch.Tenso
     rank.scatter_(1, target_col, path_rank)
     order = rank[:, :n].argsort(dim=1, stable=True)                          # [bs, N]
     base = torch.arange(bs, device=dev)[:, None] * n
-    return CommitPlan(window=window.gather(1, order),
+    return CommitPlan(window=window.gather(1, order), order=order,
                       out_tokens=verdict.tokens.clamp(min=0),
                       commit_lens=(verdict.accept_len + 1).to(torch.int32),
                       bonus=verdict.bonus,
                       hidden_rows=base + verdict.accepted.clamp(min=0),
                       positions=prefix_lens[:, None] + path_rank)
+
+
+def window_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+                 width: int) -> torch.Tensor:
+    """The reserved slots req_to_token[r, prefix : prefix + width] of each request -> int64 [bs, width]."""
+    cols = prefix_lens[:, None] + torch.arange(width, device=prefix_lens.device)   # [bs, width]
+    return req_to_token[req_pool_indices[:, None], cols].to(torch.int64)
 
 
 def rewrite_req_to_token(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,

@@ -11,11 +11,15 @@ import argparse
 import logging
 
 from ddtree.sglang import graph_check
-from ddtree.sglang.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings, validate
+from ddtree.sglang.requests import request_refusal
+from ddtree.sglang.settings import (DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeConfigError, DDTreeSettings,
+                                    draft_block_size, validate)
 
 log = logging.getLogger(__name__)
 ALGORITHM = "DDTREE"
 CAPTURE_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
+VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+DEFAULT_MAX_RUNNING_REQUESTS = 48   # what SGLang 0.5.23 sets for DFLASH when unset
 _registered = False
 
 
@@ -43,10 +47,62 @@ def capture_ddtree_cli_values(result, *args, **kwargs):
     return result
 
 
+def resolve_settings(server_args) -> DDTreeSettings:
+    """The DDTree settings of this server: budget and cap from the environment (the CLI hook put
+    them there), the draft block from --speculative-dflash-block-size, else the draft's config.json."""
+    settings = DDTreeSettings.from_env()
+    flag = getattr(server_args, "speculative_dflash_block_size", None)
+    configured = draft_block_size(getattr(server_args, "speculative_draft_model_path", None))
+    if flag is not None and configured is not None and int(flag) != configured:
+        raise DDTreeConfigError(f"--speculative-dflash-block-size={flag} differs from the draft's block_size "
+                                f"{configured} (config.json): the draft was trained with its block; remove the flag "
+                                f"or set it to {configured}")
+    block = int(flag) if flag is not None else configured
+    if block is None:
+        raise DDTreeConfigError("the draft's block size is unknown: its config.json has no block_size; set "
+                                "--speculative-dflash-block-size")
+    return DDTreeSettings(budget=settings.budget, topk_cap=settings.topk_cap, block_size=block)
+
+
 def validate_server_args(server_args) -> None:
     """SGLang's per-algorithm validation hook: the settings and the server flags DDTREE needs."""
     graph_check.enabled()
-    validate(DDTreeSettings.from_env(), server_args)
+    validate(resolve_settings(server_args), server_args)
+
+
+def handle_server_args(server_args) -> None:
+    """Size the server for DDTREE (SGLang 0.5.23 CustomSpecAlgo.handle_server_args; writes are declared).
+
+    speculative_num_draft_tokens becomes the verify width budget + 1: it sizes the step's KV
+    reservation (2 x width), the target-verify graphs and the tree-mask buffer. The draft keeps
+    its block, which reaches the scheduler processes as SGLANG_DDTREE_BLOCK_SIZE.
+    """
+    settings = resolve_settings(server_args)
+    validate(settings, server_args)
+    server_args.speculative_num_steps = 1
+    server_args.speculative_eagle_topk = 1
+    server_args.speculative_num_draft_tokens = settings.verify_tokens
+    if getattr(server_args, "speculative_draft_attention_backend", None) is None:
+        server_args.speculative_draft_attention_backend = server_args.attention_backend
+    if getattr(server_args, "max_running_requests", None) is None:
+        server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+    settings.to_env()
+
+
+def refuse_unsupported_requests(*args, **kwargs):
+    """BEFORE hook on sglang 0.5.23 TokenizerManager._validate_one_request(self, obj, input_ids).
+
+    On a DDTREE server a request using a feature the tree path does not implement fails with a
+    ValueError naming the field (the client gets an error; the server keeps serving).
+    """
+    manager, obj = args[0], (args[1] if len(args) > 1 else kwargs.get("obj"))
+    algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
+    if algorithm != ALGORITHM or obj is None:
+        return None
+    message = request_refusal(getattr(obj, "sampling_params", None), obj)
+    if message:
+        raise ValueError(message)
+    return None
 
 
 def spec_class():
@@ -63,14 +119,19 @@ def spec_class():
         def supports_target_verify_for_draft(self) -> bool:
             return True
 
+        # sglang 0.5.23 CustomSpecAlgo.handle_server_args (called with a recorder of field writes)
+        def handle_server_args(self, server_args) -> None:
+            handle_server_args(server_args)
+
         # sglang 0.5.23 CustomSpecAlgo.get_num_tokens_per_req_for_target_verify: the target
         # verifies budget + 1 tokens per request (the seed's `q.shape[0] != qo_indptr[-1]` at
-        # replay); the draft model runner also runs in TARGET_VERIFY mode, over its block
-        # (num_draft_tokens), and its graphs must keep that width
+        # replay); the draft model runner also runs in TARGET_VERIFY mode, over its own block,
+        # and its graphs must keep that width
         def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+            settings = DDTreeSettings.from_env()
             if is_draft_worker:
-                return num_draft_tokens
-            return DDTreeSettings.from_env().verify_tokens
+                return settings.resolved_block()
+            return settings.verify_tokens
 
     return DDTreeSpec
 
@@ -116,6 +177,7 @@ def register() -> None:
     SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, validate_server_args=validate_server_args,
                                   spec_class=spec_class())(worker_factory)
     HookRegistry.register(CAPTURE_SPEC_INFO, capture_with_tree_mask, HookType.AFTER)
+    HookRegistry.register(VALIDATE_REQUEST, refuse_unsupported_requests, HookType.BEFORE)
     _registered = True
     # last: a bad SGLANG_DDTREE_GRAPH_CHECK raises here (load_plugins logs it) and again, as the
     # server's error, in validate_server_args

@@ -1,86 +1,321 @@
-"""DDTreeWorker on sglang 0.5.23's DFlashWorkerV2 (imported lazily: SGLang only).
+"""DDTreeWorker: DDTree speculative decoding inside SGLang 0.5.23 (SGLang imported lazily).
 
-Status (k26-ddtree 0.1.0): the class exists so that SGLang's registry, argument handling and
-signature checks can be exercised, but its decode path (one DFlash draft pass -> build_tree ->
-one target verify pass over budget + 1 tokens with the tree mask -> verify_tree -> keep the
-accepted nodes' KV) is NOT implemented: DFlashWorkerV2.forward_batch_generation does draft
-sampling, verify and accept in one method, and replacing its middle without copying SGLang's
-code needs more work than this release holds. Constructing the worker therefore fails with a
-clear message instead of silently serving the DFlash chain under the DDTREE name.
+A subclass of 0.5.23's DFlashWorkerV2; no file of SGLang is patched. Prefill and idle steps are
+the parent's (the target's prefill, its hidden states into the draft's KV, the first token from
+SGLang's own sampler). A decode step is this module's, one method per stage:
 
-What the decode path has to respect in 0.5.23 (read from its source, for the next release):
-- KV headroom: DFlashDraftInputV2.prepare_for_decode reserves 2 * speculative_num_draft_tokens
-  slots past the committed length, and the req_to_token row headroom derives from the same value,
-  so the verify width budget + 1 must be the server's speculative_num_draft_tokens while the draft
-  keeps its own block (get_num_tokens_per_req_for_target_verify answers per worker; done).
-  `--speculative-dflash-block-size` is an alias of `--speculative-num-draft-tokens`.
-- Open, found 2026-11-29: DFlashWorkerV2.__init__ takes block_size = speculative_num_draft_tokens and
-  calls draft_model.set_block_size(block_size) (a mismatch with the draft's config only warns). With
-  the server at budget + 1 the draft would run budget + 1 wide, and the spec's draft answer
-  (num_draft_tokens) would capture the draft runner that wide: the worker has to restore the draft's
-  configured block after super().__init__, and the spec has to answer that block for the draft
-  worker (read from the draft's config.json), before the first capture.
-- With page size 1 the accepted path can be kept without moving KV or freeing slots: permute the
-  request's reserved req_to_token window so the accepted nodes' slots come first (the rest stay
-  reserved for the next step).
-- The draft context takes the accepted nodes' target hidden states in path order at positions
-  prefix + depth (_append_target_hidden_to_draft_kv_by_loc with commit_lens = accepted + 1).
-- GenerationBatchResult's stride stays the block size: at most depth L + 1 = block tokens a step.
-- Triton attention, TARGET_VERIFY: eager reads spec_info.custom_mask laid out exactly as
-  glue.full_mask (per request N rows x (prefix + N) columns, mask_indptr = cumsum of
-  N * (seq_len + N)); under graphs it copies the mask into a uint8 VerifyMask buffer sized by the
-  backend's num_draft_tokens (maybe_create_verify_mask) - another reason the server's
-  speculative_num_draft_tokens must be budget + 1. DFlashVerifyInput says topk = 1 "for backends
-  that gate tree metadata by topk > 1": check every such gate before trusting the mask.
-- Graph capture of the target: SGLang builds the capture input in DecodeCudaGraphRunner.get_spec_info
-  and leaves custom_mask None for backends in _DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS (triton is one);
-  the plugin's AFTER hook (plugin.capture_with_tree_mask) puts the runner's mask buffer in for the
-  DDTREE target (done, contract-tested), so the decode path must always pass its FULL_MASK.
-- Stage map for the decode branch, read from 0.5.23's DFlashWorkerV2.forward_batch_generation
-  (prefill and idle branches can stay the parent's): (1) draft block: _ensure_draft_block_buffers,
-  the block ids/positions/out_cache_loc (_prepare_dflash_draft_block_unchecked), noise embedding,
-  kv_index_translator.plan(..., read_extent=block_size) and draft_model_runner.forward in
-  TARGET_VERIFY mode - all block-wide, so they must see the draft's block, not the server's
-  num_draft_tokens; (2) instead of _greedy_sample_from_vocab_parallel_head: the draft hidden states
-  at depths 1..L through ddtree.tp.vocab_parallel_candidates (lm_head.shard_indices gives
-  org_vocab_start_index / num_org_elements; the fused Triton shard path, measured on 2 H200s) and
-  build_tree_from_candidates; (3) target verify over budget + 1 slots per request: its own
-  out_cache_loc window from req_to_token[prefix : prefix + budget + 1], a second kv_loc plan with
-  read_extent = budget + 1, DFlashVerifyInput(draft_token = tree tokens, positions = prefix + depth,
-  draft_token_num = budget + 1, custom_mask = glue.full_mask) and prepare_for_verify; (4) instead
-  of _accept_block: verify_tree with sampling_params_from_sglang on next_token_logits
-  [bs * (budget + 1), V], its accept lengths and bonus passed through self._tp_sync.sync (the
-  parent's rank-0 agreement) like the parent's DFLASH_ACCEPT_* sites, then glue.commit_plan /
-  rewrite_req_to_token; (5) _append_target_hidden_to_draft_kv_by_loc with the accepted nodes'
-  hidden rows and slots in path order and commit_lens = accepted + 1; (6) GenerationBatchResult
-  with out_tokens [bs, block] (stride = block size) and speculative_num_draft_tokens as the
-  scheduler's accounting expects. Logprobs, grammar, mamba state and DP attention paths of the
-  parent are not covered by this plan and must be refused in validation first.
-- Nothing of this can run on this project's machines (the server needs torch 2.14.1 + its
-  kernels); the first run is on the production host, behind validate.yml (DDTREE vs NONE token
-  by token), which must pass before the service is trusted.
+  _ddtree_draft       the DFlash draft over its own block (bonus token + mask tokens, positions
+                      prefix .. prefix + block - 1) in the draft's CUDA graph when one fits; the
+                      DraftCandidateHead, folded into that graph, turns the hidden states at
+                      depths 1..L into the top-K candidates per depth (TP: per-shard top-K and
+                      log-normaliser, one all-gather)
+  _ddtree_tree        build_tree_from_candidates -> DraftTree of width N = budget + 1
+  _ddtree_verify      one TARGET_VERIFY pass of N tokens per request: the tree's tokens at
+                      positions prefix + depth, the FULL_MASK custom mask (each node sees the
+                      prefix, its ancestors and itself), K/V written to the request's reserved
+                      window req_to_token[prefix : prefix + N]; CUDA graphs captured at width N
+  _ddtree_verdict     the target's token at every node (argmax, or one sample of the processed
+                      distribution: temperature, top-k, top-p, min-p, logit bias), rank 0's for
+                      every rank, then the walk from the root -> Verdict
+  _ddtree_commit      the window permuted so the accepted path's slots come first (page size 1:
+                      no K/V moves), the draft's context extended with the target hidden states of
+                      the path; tokens [bs, block] for the scheduler (stride = block size, at most
+                      L + 1 = block tokens a step), commit lengths, the next root
+
+Sizing (see settings.py): SGLang's speculative_num_draft_tokens is N = budget + 1 on a DDTREE
+server; DFlashWorkerV2.__init__ takes that as its block size, so the worker restores the draft's
+own block (SGLANG_DDTREE_BLOCK_SIZE) before any graph is captured, and the spec class answers
+the block for the draft runner's graphs and N for the target's.
+
+Refused at start-up (settings.refusals), and again here where only the loaded models tell:
+DFlash2 selector, LiLiCorr and Domino drafts, hybrid (mamba) and sliding-window targets,
+quantized or added-vocabulary LM heads. Per request (requests.py): logprobs, grammars,
+penalties, custom logit processors.
 """
 
 from __future__ import annotations
 
-DECODE_READY = False   # the decode path exists; roles/preflight/vars/main.yml says the same (tests/ansible)
+import logging
+from dataclasses import dataclass
 
-NOT_READY = ("k26-ddtree 0.1.0: the DDTREE decode path inside SGLang is not implemented yet "
-             "(tree draft, tree verify, KV compaction); serve with --speculative-algorithm DFLASH "
-             "(the chain: budget = block size - 1, top-k cap 1) until a release says otherwise")
+import torch
+
+from ddtree.sglang.glue import commit_plan, full_mask, rewrite_req_to_token, sampling_params_from_sglang, window_slots
+from ddtree.sglang.head import DraftCandidateHead, HeadShard
+from ddtree.sglang.settings import DDTreeConfigError, DDTreeSettings
+from ddtree.tree import DraftTree, build_tree_from_candidates, candidate_count
+from ddtree.verify import accept_path, node_targets
+
+logger = logging.getLogger(__name__)
+DECODE_READY = True   # True: DDTREE decodes inside SGLang (roles/preflight/vars/main.yml mirrors it; tests/ansible)
 
 
 class DDTreeNotReady(RuntimeError):
-    """The DDTREE worker cannot serve in this release."""
+    """Kept for callers of 0.1.0; this release's worker serves DDTREE."""
+
+
+@dataclass
+class StepWindow:
+    """The KV slots of one decode step."""
+
+    slots: torch.Tensor   # int64 [bs, N]  req_to_token[r, prefix : prefix + N] (virtual ids)
+    plan: object          # SGLang KVLocPlan over slots (the draft writes its first `block` columns)
 
 
 def make_worker_class():
-    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang.srt.lora.layers import unwrap_lora_layer
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.model_executor.forward_batch_info import (CaptureHiddenMode, ForwardBatch, ForwardMode,
+                                                              enable_num_token_non_padded)
+    from sglang.srt.runtime_context import get_exec, get_parallel
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments, is_dense_head_weight
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
+    from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
+    from sglang.srt.speculative.spec_utils import draft_tp_context
 
     class DDTreeWorker(DFlashWorkerV2):
-        """DFlash draft + DDTree verify (see the module docstring for what is missing)."""
+        """DFlash draft + DDTree: a tree of the budget best draft paths verified in one target pass."""
 
-        def __init__(self, *args, **kwargs):
-            raise DDTreeNotReady(NOT_READY)
+        def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+            self._ddtree = DDTreeSettings.from_env()
+            block = self._ddtree.resolved_block()
+            super().__init__(server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port,
+                             target_worker=target_worker)
+            self._ddtree_keep_draft_block(block)
+            problem = self._ddtree_unsupported()
+            if problem:
+                raise DDTreeConfigError(problem)
+            self._ddtree_head = DraftCandidateHead(self._ddtree_head_shard(), self._ddtree_k(), block, max_bs=0)
+
+        # --- set-up -------------------------------------------------------------------------
+
+        def _ddtree_keep_draft_block(self, block: int) -> None:
+            """Undo DFlashWorkerV2.__init__'s block = speculative_num_draft_tokens (= budget + 1 here)."""
+            self.block_size = block
+            self.speculative_num_draft_tokens = block
+            self.draft_model.set_block_size(block)
+            self._block_pos_offsets = build_block_pos_offsets(length=block, device=self.device)
+            self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=block, device=self.device)
+
+        def _ddtree_unsupported(self) -> str | None:
+            target = "the target model"
+            checks = (
+                (self.selector is not None, "a DFlash2 selector draft (candidate lattice) is not a DDTREE draft"),
+                (self.lilicorr is not None, "a LiLiCorr draft head is not a DDTREE draft"),
+                (self._is_domino, "a Domino draft is not a DDTREE draft"),
+                (self.use_compact_draft_cache, "--speculative-draft-window-size (compact draft cache)"),
+                (self._need_mamba_verify_commit, f"{target} has mamba state (hybrid): its verify commit is a chain"),
+                (self.page_size != 1, f"--page-size={self.page_size}: use --page-size 1"),
+                ((self.model_runner.sliding_window_size or -1) > 0,
+                 f"{target} uses sliding-window attention, which the tree mask path does not cover"),
+            )
+            for failed, why in checks:
+                if failed:
+                    return f"DDTREE cannot serve this configuration: {why}; serve --speculative-algorithm DFLASH"
+            return None
+
+        def _ddtree_head_shard(self) -> HeadShard:
+            lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+            weight = getattr(lm_head, "weight", None)
+            if weight is None or not is_dense_head_weight(weight):
+                raise DDTreeConfigError("DDTREE needs the target's LM head as a dense weight (a quantized LM head "
+                                        "cannot score draft candidates); serve --speculative-algorithm DFLASH")
+            tp = get_parallel().tp_group
+            shard = getattr(lm_head, "shard_indices", None)
+            if shard is None:
+                num_org = min(int(weight.shape[0]), int(self.model_runner.model_config.vocab_size))
+                return HeadShard(weight=weight, num_org=num_org, vocab_start=0)
+            if int(shard.num_added_elements) != 0:
+                raise DDTreeConfigError("DDTREE does not score added-vocabulary tokens (LoRA extra vocab) in the "
+                                        "draft head; serve --speculative-algorithm DFLASH")
+            world = int(tp.world_size)
+            return HeadShard(weight=weight, num_org=int(shard.num_org_elements),
+                             vocab_start=int(shard.org_vocab_start_index), world=world,
+                             gather=tp.all_gather_into_tensor if world > 1 else None)
+
+        def _ddtree_k(self) -> int:
+            vocab = int(self.model_runner.model_config.vocab_size)
+            return candidate_count(self._ddtree.topk_cap, self._ddtree.budget, vocab)
+
+        def _maybe_build_draft_sampler(self):
+            """DFlashWorkerV2.init_cuda_graphs calls this right before the draft's graphs are captured
+            and folds what it returns into them: the candidate head instead of DFlash's greedy argmax."""
+            self._ddtree_head.reserve(max(get_exec().graph.cuda_graph_config.decode.bs))
+            return self._ddtree_head
+
+        # --- the decode step ----------------------------------------------------------------
+
+        def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+                return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                                                        pp_proxy_tensors=pp_proxy_tensors)
+            draft_input = batch.spec_info
+            if not isinstance(draft_input, DFlashDraftInputV2):
+                raise RuntimeError("DDTREE decode expected the DFlashDraftInputV2 its prefill left on the batch, "
+                                   f"got {type(draft_input).__name__}")
+            prefix_lens = batch.seq_lens                                               # int64 [bs] committed
+            window = self._ddtree_window(batch, draft_input, prefix_lens)
+            cand = self._ddtree_draft(batch, draft_input, prefix_lens, window)
+            tree = self._ddtree_tree(cand, draft_input.bonus_tokens.view(-1))
+            target_out = self._ddtree_verify(batch, draft_input, tree, prefix_lens, window)
+            verdict = self._ddtree_verdict(batch, tree, target_out.logits_output)
+            return self._ddtree_commit(batch, verdict, prefix_lens, window, target_out, on_publish)
+
+        def _ddtree_window(self, batch, draft_input, prefix_lens: torch.Tensor) -> StepWindow:
+            """The step's N reserved slots per request and their KV plan (read extent N)."""
+            n = self._ddtree.verify_tokens
+            slots = window_slots(self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
+                                 prefix_lens, n)                                      # [bs, N]
+            seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
+            plan = self.target_worker.model_runner.kv_index_translator.plan(
+                req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, seq_lens_cpu=seq_lens_cpu,
+                write_virtual=slots.reshape(-1), read_extent=n)
+            return StepWindow(slots=slots, plan=plan)
+
+        def _ddtree_host_lens(self, batch, draft_input, extra: int) -> tuple[torch.Tensor, int]:
+            """Host upper bounds of the lengths a pass reads (no device sync): committed + extra, or
+            the reserved lengths when the scheduler keeps no committed ones on the host."""
+            if batch.seq_lens_cpu is not None:
+                lens = batch.seq_lens_cpu + extra
+            else:
+                lens = draft_input.nxt_kv_lens_cpu.clone()
+            return lens, int(lens.sum())
+
+        def _ddtree_noise_embeddings(self, block_ids: torch.Tensor) -> torch.Tensor:
+            """block_ids int64 [bs, block] -> input embeddings [bs * block, H] (the target's table)."""
+            if self._full_embed_gpu is not None:
+                emb = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+            else:
+                target_model = self.target_worker.model_runner.model
+                emb = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))(block_ids)
+            if self._noise_embed_scale != 1.0:
+                emb = emb * self._noise_embed_scale
+            return emb.view(-1, emb.shape[-1])
+
+        def _ddtree_draft(self, batch, draft_input, prefix_lens: torch.Tensor, window: StepWindow):
+            """One DFlash draft pass over its block -> Candidates [bs, L, K]."""
+            bs, block = prefix_lens.shape[0], self.block_size
+            block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.int64, device=self.device)
+            block_ids[:, 0] = draft_input.bonus_tokens.view(-1)                      # slot 0: the bonus token
+            positions = prefix_lens[:, None] + self._block_pos_offsets               # [bs, block]
+            seq_lens_cpu, seq_lens_sum = self._ddtree_host_lens(batch, draft_input, block)
+            forward_batch = ForwardBatch(
+                forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.reshape(-1),
+                req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+                out_cache_loc=window.slots[:, :block].reshape(-1), seq_lens_sum=seq_lens_sum,
+                seq_lens_cpu=seq_lens_cpu, positions=positions.reshape(-1),
+                input_embeds=self._ddtree_noise_embeddings(block_ids), spec_algorithm=SpeculativeAlgorithm.DFLASH,
+                spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL,
+                num_token_non_padded=(torch.full((), bs * block, dtype=torch.int32, device=self.device)
+                                      if enable_num_token_non_padded() else None),
+                global_num_token_non_padded_cpu=bs * block,
+                can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph)
+            window.plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
+            with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
+                out = self.draft_model_runner.forward(forward_batch)
+                if self._draft_sampler is not None and out.can_run_graph:
+                    return self._ddtree_head.captured(bs)                            # the graph ran the head
+                if self._draft_sampler is not None:
+                    self._ddtree_note_eager("draft", bs)
+                hidden = out.logits_output.hidden_states
+                if hidden is None:
+                    raise RuntimeError("the DFlash draft returned no hidden states")
+                return self._ddtree_head.compute(hidden[: bs * block])
+
+        def _ddtree_tree(self, cand, roots: torch.Tensor) -> DraftTree:
+            return build_tree_from_candidates(cand, roots, self._ddtree.budget)
+
+        def _ddtree_verify(self, batch, draft_input, tree: DraftTree, prefix_lens: torch.Tensor, window: StepWindow):
+            """One target pass over the N tree nodes of every request (TARGET_VERIFY, custom mask)."""
+            bs, n = tree.tokens.shape
+            committed_cpu, _ = self._ddtree_host_lens(batch, draft_input, 0)
+            mask_len = n * (int(committed_cpu.sum()) + bs * n)                       # sum_b N * (prefix_b + N)
+            verify_input = DFlashVerifyInput(
+                draft_token=tree.tokens.reshape(-1), positions=tree.positions(prefix_lens).reshape(-1),
+                draft_token_num=n, custom_mask=full_mask(tree, prefix_lens, mask_len),
+                capture_hidden_mode=CaptureHiddenMode.FULL, kv_loc_plan=window.plan)
+            batch.out_cache_loc = window.slots.reshape(-1)
+            saved = batch.seq_lens_cpu, batch.seq_lens_sum
+            batch.seq_lens_cpu, batch.seq_lens_sum = self._ddtree_host_lens(batch, draft_input, n)
+            try:
+                forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+            finally:
+                batch.seq_lens_cpu, batch.seq_lens_sum = saved
+            out = self.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch,
+                                                              is_verify=True, skip_attn_backend_init=True)
+            if self.target_worker.model_runner.decode_cuda_graph_runner is not None and not out.can_run_cuda_graph:
+                self._ddtree_note_eager("verify", bs)
+            return out
+
+        def _ddtree_note_eager(self, stage: str, bs: int) -> None:
+            """Graphs are on but this pass ran eagerly: said once per stage and batch size."""
+            seen = self.__dict__.setdefault("_ddtree_eager_seen", set())
+            if (stage, bs) not in seen:
+                seen.add((stage, bs))
+                logger.warning("DDTREE %s ran eagerly for batch size %d (no captured CUDA graph fits it)", stage, bs)
+
+        def _ddtree_verdict(self, batch, tree: DraftTree, logits_output):
+            """Target tokens at every node (rank 0's on every rank), then the accepted path."""
+            bs, n = tree.tokens.shape
+            info = batch.sampling_info
+            greedy = info is None or bool(info.is_all_greedy)
+            logits = logits_output.next_token_logits
+            lp = self._target_logits_processor
+            targets = None
+            if lp is not None and lp.is_deferred_shard(logits):
+                if greedy and self._can_skip_verify_logits(batch, info):
+                    targets = lp.deferred_argmax(logits)                            # [bs * N] no full gather
+                    logits_output.next_token_logits = None
+                else:
+                    logits = lp.finish_deferred_gather(logits)
+                    logits_output.next_token_logits = logits
+            if targets is None:
+                if info is not None:                                                 # logit bias, per node
+                    apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
+                                                           draft_token_num=n)
+                rows = logits.view(bs, n, -1)                                        # [bs, N, V]
+                if info is None:
+                    targets = rows.argmax(dim=-1)
+                else:
+                    params = sampling_params_from_sglang(info, rows.shape[-1])
+                    targets = node_targets(rows, params, generator=None)
+            targets = targets.view(bs, n).to(torch.int64).contiguous()
+            site = SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if greedy else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
+            self._tp_sync.sync(site, targets)
+            return accept_path(tree, targets)
+
+        def _ddtree_commit(self, batch, verdict, prefix_lens: torch.Tensor, window: StepWindow, target_out,
+                           on_publish):
+            """Keep the accepted path's K/V, extend the draft's context, hand the scheduler its tokens."""
+            bs, n = window.slots.shape
+            plan = commit_plan(verdict, window.slots, prefix_lens)
+            rewrite_req_to_token(self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
+                                 prefix_lens, plan.window)
+            new_seq_lens = prefix_lens + plan.commit_lens.to(prefix_lens.dtype)
+            if on_publish is not None:
+                on_publish(new_seq_lens)
+            logits_output = target_out.logits_output
+            hidden = logits_output.hidden_states
+            if hidden is None:
+                raise RuntimeError("DDTREE verify returned no target hidden states for the draft's context")
+            steps = plan.out_tokens.shape[1]                                        # L + 1 = block
+            draft_slots = self._draft_write_ids(window.plan).view(bs, n).gather(1, plan.order)[:, :steps]
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=hidden.index_select(0, plan.hidden_rows.reshape(-1)),   # [bs * (L+1), H_aux]
+                cache_loc=draft_slots.reshape(-1), cache_loc_2d=draft_slots,
+                positions=plan.positions.reshape(-1), commit_lens=plan.commit_lens)
+            logits_output.hidden_states = None
+            return GenerationBatchResult(
+                logits_output=logits_output, next_token_ids=plan.out_tokens.reshape(-1),
+                accept_lens=plan.commit_lens, can_run_cuda_graph=target_out.can_run_cuda_graph,
+                next_draft_input=self._make_next_draft_input_decode(bonus_tokens=plan.bonus,
+                                                                    new_seq_lens=new_seq_lens),
+                speculative_num_draft_tokens=self.block_size, new_seq_lens=new_seq_lens,
+                routed_experts_output=target_out.routed_experts_output,
+                indexer_topk_output=target_out.indexer_topk_output)
 
     return DDTreeWorker

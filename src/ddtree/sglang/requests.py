@@ -1,0 +1,54 @@
+"""Per-request features a DDTREE server refuses with a clear error (no SGLang import).
+
+The DDTREE decode step verifies a tree of candidate continuations at once; request features
+whose meaning depends on the exact path through that tree are not implemented in it, and
+SGLang's DFLASH code for them assumes a chain. Rather than approximate them silently, the
+plugin's hook on SGLang's TokenizerManager._validate_one_request rejects such a request
+before it reaches the scheduler: the client gets an error naming the field, its value and the
+fix, and the server keeps serving everyone else. Logit bias (the same for every tree node) and
+stop conditions (applied to the emitted tokens) are supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+FIX = "send the request without it, or to a server with --speculative-algorithm DFLASH or NONE"
+
+# sampling_params fields and their neutral values
+NEUTRAL_SAMPLING = {
+    "frequency_penalty": 0.0,      # depends on the tokens generated inside the tree path
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,           # masks EOS by position along the path
+}
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def request_refusal(sampling_params: Mapping | None, request: object) -> str | None:
+    """The first unsupported feature of one generate request, as an error message, or None.
+
+    sampling_params: the request's sampling parameters as sent (a dict or None); request: an
+    object with the request-level fields of SGLang's GenerateReqInput (read with getattr).
+    """
+    if getattr(request, "return_logprob", False):
+        return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
+    for field in ("top_logprobs_num", "token_ids_logprob"):
+        if getattr(request, field, None):
+            return f"{field}={getattr(request, field)!r} is not supported by this DDTREE server; {FIX}"
+    if getattr(request, "return_hidden_states", False):
+        return f"return_hidden_states=True is not supported by this DDTREE server; {FIX}"
+    if getattr(request, "return_sampling_mask", False):
+        return f"return_sampling_mask=True is not supported by this DDTREE server; {FIX}"
+    if getattr(request, "custom_logit_processor", None):
+        return f"custom_logit_processor is not supported by this DDTREE server; {FIX}"
+    params = sampling_params or {}
+    for field in GRAMMAR_FIELDS:
+        if params.get(field) is not None:
+            return f"sampling_params.{field} (constrained decoding) is not supported by this DDTREE server; {FIX}"
+    for field, neutral in NEUTRAL_SAMPLING.items():
+        value = params.get(field)
+        if value is not None and float(value) != float(neutral):
+            return (f"sampling_params.{field}={value!r} is not supported by this DDTREE server (only {neutral} "
+                    f"is); {FIX}")
+    return None

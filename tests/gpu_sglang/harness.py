@@ -1,0 +1,173 @@
+"""Real `sglang serve` processes on the GPU test bed, one per configuration, and a small client.
+
+Servers are started in parallel (one port each, on 127.0.0.1), share the GPU through a fixed KV
+pool (--max-total-tokens) and are stopped by their PID. Requests send token ids
+(--skip-tokenizer-init): the pair's tokenizer is the project's byte tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GRAPH_MAX_BS = 8
+MAX_NEW_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str
+    algorithm: str                       # NONE, DFLASH or DDTREE
+    budget: int | None = None
+    cap: int | None = None
+    graphs: bool = True
+    extra: tuple[str, ...] = ()
+
+    def args(self, pair: Path, port: int) -> list[str]:
+        a = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--attention-backend", "triton",
+             "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", "0.88",
+             "--max-total-tokens", "16384", "--context-length", "1024",
+             "--max-running-requests", str(GRAPH_MAX_BS), "--disable-radix-cache", "--enable-metrics",
+             "--disable-overlap-schedule"]
+        a += (["--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS)] if self.graphs
+              else ["--cuda-graph-backend-decode", "disabled"])
+        if self.algorithm == "DFLASH":
+            a += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(pair / "draft")]
+        elif self.algorithm == "DDTREE":
+            a += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(pair / "draft"),
+                  "--speculative-ddtree-budget", str(self.budget), "--speculative-ddtree-topk-cap", str(self.cap)]
+        return a + list(self.extra)
+
+
+def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
+    return ServerConfig(f"ddtree-b{budget}-c{cap}-{'graphs' if graphs else 'eager'}", "DDTREE", budget, cap, graphs)
+
+
+# The matrix of issue 18: NONE and DFLASH references, DDTREE at budgets 8/32/64 x caps 1/4/8 with
+# graphs on and off, and the chain (budget = block - 1, cap 1), which must equal DFLASH.
+NONE = ServerConfig("none", "NONE")
+DFLASH = ServerConfig("dflash", "DFLASH")
+CHAIN = ddtree(7, 1)
+MATRIX = [ddtree(b, c, g) for g in (True, False) for b in (8, 32, 64) for c in (1, 4, 8)]
+CONFIGS = {c.name: c for c in [NONE, DFLASH, CHAIN, *MATRIX]}
+# started first on a fresh machine: they build the JIT caches the others then reuse
+WARM = ("none", "dflash", "ddtree-b32-c8-graphs", "ddtree-b32-c8-eager", CHAIN.name)
+
+
+@dataclass
+class Server:
+    config: ServerConfig
+    port: int
+    log: Path
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    ready_after: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, pair: Path) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "sglang.launch_server", *self.config.args(pair, self.port)]
+        self.started = time.monotonic()
+        with open(self.log, "w") as out:
+            # a session of its own: stop() ends the server's process group (scheduler, detokenizer) by PID
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env=os.environ.copy())
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        self.ready_after = time.monotonic() - self.started
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(2)
+        return False
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)     # the group whose leader is our child
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def exit_message(self) -> str:
+        lines = [ln for ln in self.log_text().splitlines() if "Error" in ln or "error" in ln]
+        return lines[-1] if lines else self.log_text()[-400:]
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def generate(self, input_ids, sampling: dict, timeout: float = 600, **extra):
+        body = {"input_ids": input_ids, "sampling_params": sampling, **extra}
+        req = urllib.request.Request(f"{self.url}/generate", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return {"http_status": err.code, "error": err.read().decode(errors="replace")}
+
+    def complete_all(self, prompts: list[list[int]], sampling: dict, concurrency: int) -> list[dict]:
+        """One request per prompt, `concurrency` in flight at a time (1 = one after another)."""
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return list(pool.map(lambda p: self.generate(p, sampling), prompts))
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:
+            return r.read().decode()
+
+
+def greedy(max_new_tokens: int = MAX_NEW_TOKENS) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+
+
+class Fleet:
+    """Servers by configuration name, started in parallel on consecutive ports."""
+
+    def __init__(self, pair: Path, logdir: Path, base_port: int = 31000):
+        self.pair, self.logdir, self.base_port = pair, logdir, base_port
+        self.servers: dict[str, Server] = {}
+
+    def start(self, names, timeout: float) -> dict[str, bool]:
+        fresh = [n for n in names if n not in self.servers]
+        for n in fresh:
+            port = self.base_port + 2 * len(self.servers)
+            self.servers[n] = Server(CONFIGS[n], port, self.logdir / f"sglang-{n}.log")
+            self.servers[n].start(self.pair)
+        with ThreadPoolExecutor(max_workers=max(1, len(fresh))) as pool:
+            ready = dict(zip(fresh, pool.map(lambda n: self.servers[n].wait_ready(timeout), fresh)))
+        return ready
+
+    def get(self, name: str, timeout: float = 600) -> Server:
+        if name not in self.servers:
+            self.start([name], timeout)
+        return self.servers[name]
+
+    def stop_all(self) -> None:
+        for s in self.servers.values():
+            s.stop()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The DDTREE-in-SGLang tests on the GPU test bed, from the project root on the GPU machine, after
+# ../shared/sglang-gpu's stage.sh a..e:
+#   tests/gpu_sglang/run.sh [pytest args]      e.g. -k 'not test_ddtree_greedy or b32-c8'
+# Installs the project into the test bed's site (its entry point is how SGLang finds the plugin),
+# trains the byte-level pair when none is there (bench/train_pair.py --size small, TRAIN_MINUTES),
+# exports it to SGLang's formats and runs tests/gpu_sglang, which start one server per
+# configuration (SGLANG_DDTREE_START: the ones started together first) and print a PASS/FAIL table.
+# Results and server logs go to $OUTDIR (default $WORK/out); PACK=1 also packs the trained pair and
+# the JIT caches there in parts of 15 MiB, to be carried back (UNPACK=DIR restores them first).
+set -u
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+. .gpu-bundles/bin/env.sh
+WORK=${WORK:-$SGLANG_TESTBED/ddtree}; OUTDIR=${OUTDIR:-$WORK/out}; mkdir -p "$WORK" "$OUTDIR"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -n "${UNPACK:-}" ]; then
+  for name in pair jit; do
+    ls "$UNPACK"/$name.tgz.part* >/dev/null 2>&1 || continue
+    cat "$UNPACK"/$name.tgz.part* | tar xzf - -C "$([ $name = pair ] && echo "$WORK" || echo "$HOME")"
+  done
+fi
+t0=$(date +%s)
+python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 \
+  | grep -vi "warning" || true
+echo "[run] project installed in $(( $(date +%s) - t0 )) s"
+if [ ! -f "$WORK/pair/b8/target/model.safetensors" ]; then
+  python3 bench/train_pair.py --out "$WORK/pair" --size small --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes 8 \
+    --prompts 32 --device cuda | grep -E "held-out|steps in|corpus" || exit 1
+fi
+python3 -m ddtree.reference.export --pair "$WORK/pair/b8" --out "$WORK/sglang-pair" || exit 1
+echo "[run] pair ready after $(( $(date +%s) - t0 )) s"
+SGLANG_DDTREE_PAIR="$WORK/sglang-pair" SGLANG_DDTREE_REF="$WORK/pair/b8" \
+SGLANG_DDTREE_PROMPTS="$WORK/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUTDIR" \
+  python3 -m pytest tests/gpu_sglang -p no:cacheprovider -q -rfE "$@"
+rc=$?
+echo "[run] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
+# what comes back through the device tool's $OUT (at most 8 files): the table, the results, the logs
+if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUTDIR" ]; then
+  cp "$OUTDIR"/results.md "$OUTDIR"/results.json "$OUT"/ 2>/dev/null
+  tar czf "$OUT/logs.tgz" -C "$OUTDIR" logs 2>/dev/null
+  if [ "${PACK:-0}" = 1 ]; then
+    tar czf - -C "$WORK" pair | split -b 15M - "$OUT/pair.tgz.part"
+    (cd "$HOME" && tar czf - $(ls -d .triton .cache/flashinfer .cache/tvm-ffi 2>/dev/null)) > "$WORK/jit.tgz"
+    if [ "$(stat -c %s "$WORK/jit.tgz")" -le $((30 * 1024 * 1024)) ]; then
+      split -b 15M "$WORK/jit.tgz" "$OUT/jit.tgz.part"
+    else
+      echo "[run] JIT caches are $(du -h "$WORK/jit.tgz" | cut -f1): not packed"
+    fi
+  fi
+  ls -la "$OUT" | awk 'NR > 1 {print $5, $9}'
+fi
+exit $rc

@@ -1,0 +1,226 @@
+"""DDTREE inside the real SGLang 0.5.23 server on the GPU test bed (marker sglang_gpu).
+
+One server per configuration (harness.CONFIGS), the trained byte-level pair exported to SGLang's
+formats. What is checked, each test able to fail:
+- the export: SGLang's next-token log-probs on the prompts equal the reference engine's (bf16),
+  and DFLASH's verify steps equal the reference's offline chain count within 5%;
+- temperature 0: every DDTREE configuration emits the no-speculation server's tokens, one
+  request at a time and 8 at once, with a real accept length;
+- the chain setting (budget = block - 1, cap 1) gives DFLASH's tokens and accept lengths;
+- temperature 0.7 / top-p 0.9 / top-k 50: the 4th token's distribution matches the
+  no-speculation server's (two-sample chi-square), and the test rejects a server at 1.0;
+- /metrics has the accept length; bad settings stop the server with the plugin's message; an
+  unsupported request gets an error naming the field; graph runs log no eager fallback and no
+  graph-input error.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.gpu_sglang import harness
+from tests.helpers import two_sample_chi_square_pvalue
+
+pytestmark = pytest.mark.sglang_gpu
+
+SAMPLES = 2000
+SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "ignore_eos": True}
+
+
+def ready(fleet, name: str) -> harness.Server:
+    server = fleet.get(name)
+    if server.ready_after is None:
+        pytest.fail(f"{name} did not become healthy: {server.exit_message()}")
+    return server
+
+
+def outputs(answers: list[dict]) -> list[list[int]]:
+    bad = [a for a in answers if "output_ids" not in a]
+    assert not bad, f"{len(bad)} requests failed, e.g. {bad[0]}"
+    return [a["output_ids"] for a in answers]
+
+
+def mean_accept(answers: list[dict]) -> float:
+    return statistics.fmean(a["meta_info"]["spec_accept_length"] for a in answers)
+
+
+@pytest.fixture(scope="session")
+def none_greedy(fleet, prompts) -> list[list[int]]:
+    return outputs(ready(fleet, "none").complete_all(prompts, harness.greedy(), 1))
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def top2_gap(server: harness.Server, context: list[int]) -> float:
+    """The no-speculation server's log-prob gap between its two best next tokens after context."""
+    r = server.generate(context, harness.greedy(1), return_logprob=True, top_logprobs_num=2)
+    top = r["meta_info"]["output_top_logprobs"][0]
+    return float(top[0][0] - top[1][0])
+
+
+# --- the export -----------------------------------------------------------------------------
+
+def test_export_gives_the_reference_targets_next_token_logprobs(fleet, prompts, record_property):
+    import torch
+
+    from ddtree.reference.pair import load_pair
+
+    ref = load_pair(Path(__import__("os").environ["SGLANG_DDTREE_REF"]), device="cuda", dtype=torch.bfloat16)
+    server = ready(fleet, "none")
+    worst, top1_diff = 0.0, 0
+    for p in prompts[:8]:
+        r = server.generate(p, harness.greedy(1), return_logprob=True, logprob_start_len=0, top_logprobs_num=5)
+        theirs = r["meta_info"]["input_top_logprobs"][1:]                 # after tokens 0..n-2
+        with torch.no_grad():
+            logp = torch.log_softmax(ref.target.forward_sequence(torch.tensor([p], device="cuda")).logits[0].float(), -1)
+        for pos, top in enumerate(theirs):
+            for lp, tok, *_ in top:
+                worst = max(worst, abs(float(logp[pos, tok]) - lp))
+            ours = logp[pos].topk(2)
+            if int(ours.indices[0]) != top[0][1] and float(ours.values[0] - ours.values[1]) > 0.05:
+                top1_diff += 1
+    record_property("max |dlogp| top-5", round(worst, 4))
+    record_property("top-1 differences (gap > 0.05)", top1_diff)
+    assert worst < 0.15 and top1_diff == 0
+
+
+def test_dflash_verify_steps_match_the_reference_offline_chain(fleet, prompts, record_property):
+    import os
+
+    import torch
+
+    from ddtree.reference.offline import offline_accept_lengths
+    from ddtree.reference.pair import load_pair
+
+    ref = load_pair(Path(os.environ["SGLANG_DDTREE_REF"]), device="cuda", dtype=torch.bfloat16)
+    depth = ref.block_size - 1
+    long = outputs(ready(fleet, "none").complete_all(prompts, harness.greedy(2 * harness.MAX_NEW_TOKENS), 1))
+    answers = ready(fleet, "dflash").complete_all(prompts, harness.greedy(), 1)
+    emitted = harness.MAX_NEW_TOKENS - 1                     # the first token comes from the prefill
+    sglang_steps = sum(a["meta_info"]["spec_verify_ct"] for a in answers)
+    ref_steps = sum(len(offline_accept_lengths(ref, p, c, budget=depth, topk_cap=1, max_new_tokens=emitted))
+                    for p, c in zip(prompts, long))
+    record_property("DFLASH verify steps", sglang_steps)
+    record_property("reference offline steps", ref_steps)
+    record_property("DFLASH accept length", round(mean_accept(answers), 3))
+    assert abs(sglang_steps - ref_steps) <= 0.05 * ref_steps
+
+
+# --- temperature 0 --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [c.name for c in harness.MATRIX])
+def test_ddtree_greedy_equals_no_speculation(fleet, name, prompts, none_greedy, record_property):
+    server = ready(fleet, name)
+    one_by_one = server.complete_all(prompts, harness.greedy(), 1)
+    eight = server.complete_all(prompts, harness.greedy(), 8)
+    record_property("accept length", round(mean_accept(one_by_one), 3))
+    record_property("accept length (8 at once)", round(mean_accept(eight), 3))
+    wrong = []
+    for mode, got in (("one by one", outputs(one_by_one)), ("8 at once", outputs(eight))):
+        for i, (want, have) in enumerate(zip(none_greedy, got)):
+            if want != have:
+                at = first_divergence(want, have)
+                wrong.append((mode, i, at, round(top2_gap(fleet.get("none"), prompts[i] + want[:at]), 5)))
+    record_property("mismatches (mode, prompt, position, NONE's top-2 gap)", wrong)
+    assert not wrong
+    assert mean_accept(one_by_one) > 1.5, "a trained pair must accept well above one token per step"
+
+
+def test_chain_setting_equals_dflash(fleet, prompts, record_property):
+    chain = ready(fleet, harness.CHAIN.name).complete_all(prompts, harness.greedy(), 1)
+    dflash = ready(fleet, "dflash").complete_all(prompts, harness.greedy(), 1)
+    same_tokens = sum(a == b for a, b in zip(outputs(chain), outputs(dflash)))
+    same_steps = sum(a["meta_info"]["spec_verify_ct"] == b["meta_info"]["spec_verify_ct"]
+                     for a, b in zip(chain, dflash))
+    record_property("same tokens", f"{same_tokens}/{len(prompts)}")
+    record_property("same verify steps", f"{same_steps}/{len(prompts)}")
+    record_property("accept length chain / DFLASH", f"{mean_accept(chain):.3f} / {mean_accept(dflash):.3f}")
+    assert same_tokens == len(prompts) and same_steps == len(prompts)
+
+
+# --- temperature > 0 ------------------------------------------------------------------------
+
+def fourth_tokens(server: harness.Server, prompt: list[int], sampling: dict, n: int) -> list[int]:
+    answers = server.complete_all([prompt] * n, {**sampling, "max_new_tokens": 4}, 16)
+    return [o[3] for o in outputs(answers)]
+
+
+def entropy(tokens: list[int]) -> float:
+    counts = [tokens.count(t) / len(tokens) for t in set(tokens)]
+    return -sum(p * math.log(p) for p in counts)
+
+
+def test_sampling_distribution_matches_no_speculation(fleet, prompts, record_property):
+    none, tree = ready(fleet, "none"), ready(fleet, "ddtree-b32-c8-graphs")
+    # the prompt whose 4th token is least predictable: a test with power
+    prompt = max(prompts[:8], key=lambda p: entropy(fourth_tokens(none, p, SAMPLING, 200)))
+    plain = fourth_tokens(none, prompt, SAMPLING, SAMPLES)
+    spec = fourth_tokens(tree, prompt, SAMPLING, SAMPLES)
+    hot = fourth_tokens(tree, prompt, {**SAMPLING, "temperature": 1.0}, SAMPLES)
+    p_same = two_sample_chi_square_pvalue(plain, spec)
+    p_control = two_sample_chi_square_pvalue(plain, hot)
+    answers = tree.complete_all(prompts, {**SAMPLING, "max_new_tokens": harness.MAX_NEW_TOKENS}, 8)
+    record_property("p (DDTREE 0.7 vs NONE 0.7)", f"{p_same:.3g}")
+    record_property("p control (DDTREE 1.0 vs NONE 0.7)", f"{p_control:.3g}")
+    record_property("4th-token outcomes", len(set(plain)))
+    record_property("accept length at 0.7", round(mean_accept(answers), 3))
+    assert len(outputs(answers)) == len(prompts)
+    assert p_same > 1e-3
+    assert p_control < 1e-3
+
+
+# --- operations -----------------------------------------------------------------------------
+
+def test_metrics_report_the_accept_length(fleet):
+    text = ready(fleet, "ddtree-b32-c8-graphs").metrics()
+    assert "sglang:spec_accept_length" in text
+
+
+BAD_SETTINGS = [
+    (0, 8, "--speculative-ddtree-budget=0 is invalid"),
+    (8, 16, "--speculative-ddtree-topk-cap=16 is invalid: expected 1..budget (8)"),
+    (4, 1, "the draft's block must fit in the verify window"),
+]
+
+
+def test_bad_settings_stop_the_server_with_the_plugins_message(pair, tmp_path, record_property):
+    servers = [harness.Server(harness.ServerConfig(f"bad-b{b}-c{c}", "DDTREE", b, c), 31900 + i,
+                              tmp_path / f"bad-{i}.log") for i, (b, c, _) in enumerate(BAD_SETTINGS)]
+    for s in servers:
+        s.start(pair)
+    try:
+        for s in servers:
+            s.proc.wait(timeout=300)
+    finally:
+        for s in servers:
+            s.stop()
+    for s, (_, _, message) in zip(servers, BAD_SETTINGS):
+        assert s.proc.returncode != 0, f"{s.config.name} started"
+        assert message in s.log_text(), f"{s.config.name}: {s.exit_message()}"
+    record_property("refused", [s.config.name for s in servers])
+
+
+def test_unsupported_request_gets_an_error_naming_the_field(fleet, prompts):
+    server = ready(fleet, "ddtree-b32-c8-graphs")
+    r = server.generate(prompts[0], harness.greedy(8), return_logprob=True)
+    assert r.get("http_status") == 400 and "return_logprob" in r["error"]
+    r = server.generate(prompts[0], {**harness.greedy(8), "frequency_penalty": 0.5})
+    assert r.get("http_status") == 400 and "frequency_penalty" in r["error"]
+    assert "output_ids" in server.generate(prompts[0], harness.greedy(8))      # still serving
+
+
+def test_graph_runs_logged_no_eager_fallback_and_no_graph_input_error(fleet):
+    """Last (file order): every graph server this session started, after all requests above."""
+    checked = [s for s in fleet.servers.values() if s.config.graphs and s.config.algorithm == "DDTREE"]
+    assert checked
+    for s in checked:
+        log = s.log_text()
+        assert "Capture cuda graph" in log or "capture" in log.lower(), f"{s.config.name}: no graph capture logged"
+        for bad in ("GraphBufferError", "DDTREE verify ran eagerly", "DDTREE draft ran eagerly"):
+            assert bad not in log, f"{s.config.name}: {bad}"
