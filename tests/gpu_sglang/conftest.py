@@ -79,18 +79,25 @@ def pytest_runtest_logreport(report):
                         "message": (str(report.longrepr).splitlines()[-1][:300] if report.failed else "")})
 
 
-def pytest_terminal_summary(terminalreporter):
-    if not RESULTS:
-        return
+def pytest_runtest_logfinish(nodeid, location):
+    _write_table()                       # after every test: a run cut short keeps what it measured
+
+
+def _write_table() -> str:
     rows = ["| test | result | measured |", "|---|---|---|"]
     for r in RESULTS:
         measured = ", ".join(f"{k} {v}" for k, v in r["measured"].items())
         result = {"PASSED": "PASS", "FAILED": "FAIL"}.get(r["outcome"], r["outcome"])
         rows.append(f"| {r['test']} | {result} | {measured}{' / ' + r['message'] if r['message'] else ''} |")
     table = "\n".join(rows)
-    terminalreporter.write_line("")
-    terminalreporter.write_line(table)
     out = _out()
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(RESULTS, indent=1))
+    return table
+
+
+def pytest_terminal_summary(terminalreporter):
+    if RESULTS:
+        terminalreporter.write_line("")
+        terminalreporter.write_line(_write_table())

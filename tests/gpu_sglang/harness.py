@@ -37,7 +37,7 @@ class ServerConfig:
              "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", "0.88",
              "--max-total-tokens", "16384", "--context-length", "1024",
              "--max-running-requests", str(GRAPH_MAX_BS), "--disable-radix-cache", "--enable-metrics",
-             "--disable-overlap-schedule"]
+             "--disable-overlap-schedule", "--cuda-graph-backend-prefill", "disabled"]
         a += (["--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS)] if self.graphs
               else ["--cuda-graph-backend-decode", "disabled"])
         if self.algorithm == "DFLASH":

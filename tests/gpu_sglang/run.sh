@@ -41,7 +41,7 @@ if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUTDIR" ]; then
   tar czf "$OUT/logs.tgz" -C "$OUTDIR" logs 2>/dev/null
   if [ "${PACK:-0}" = 1 ]; then
     tar czf - -C "$WORK" pair | split -b 15M - "$OUT/pair.tgz.part"
-    (cd "$HOME" && tar czf - $(ls -d .triton .cache/flashinfer .cache/tvm-ffi 2>/dev/null)) > "$WORK/jit.tgz"
+    (cd "$HOME" && tar czf - $(ls -d .triton .cache/flashinfer .cache/tvm-ffi .cache/sglang 2>/dev/null)) > "$WORK/jit.tgz"
     if [ "$(stat -c %s "$WORK/jit.tgz")" -le $((30 * 1024 * 1024)) ]; then
       split -b 15M "$WORK/jit.tgz" "$OUT/jit.tgz.part"
     else

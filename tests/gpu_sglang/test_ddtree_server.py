@@ -66,39 +66,54 @@ def top2_gap(server: harness.Server, context: list[int]) -> float:
 
 # --- the export -----------------------------------------------------------------------------
 
-def test_export_gives_the_reference_targets_next_token_logprobs(fleet, prompts, record_property):
-    import torch
-
-    from ddtree.reference.pair import load_pair
-
-    ref = load_pair(Path(__import__("os").environ["SGLANG_DDTREE_REF"]), device="cuda", dtype=torch.bfloat16)
-    server = ready(fleet, "none")
-    worst, top1_diff = 0.0, 0
-    for p in prompts[:8]:
-        r = server.generate(p, harness.greedy(1), return_logprob=True, logprob_start_len=0, top_logprobs_num=5)
-        theirs = r["meta_info"]["input_top_logprobs"][1:]                 # after tokens 0..n-2
-        with torch.no_grad():
-            logp = torch.log_softmax(ref.target.forward_sequence(torch.tensor([p], device="cuda")).logits[0].float(), -1)
-        for pos, top in enumerate(theirs):
-            for lp, tok, *_ in top:
-                worst = max(worst, abs(float(logp[pos, tok]) - lp))
-            ours = logp[pos].topk(2)
-            if int(ours.indices[0]) != top[0][1] and float(ours.values[0] - ours.values[1]) > 0.05:
-                top1_diff += 1
-    record_property("max |dlogp| top-5", round(worst, 4))
-    record_property("top-1 differences (gap > 0.05)", top1_diff)
-    assert worst < 0.15 and top1_diff == 0
-
-
-def test_dflash_verify_steps_match_the_reference_offline_chain(fleet, prompts, record_property):
+@pytest.fixture(scope="session")
+def reference():
+    """The reference pair on the GPU in float32, its weights rounded to bf16 as the export stores them:
+    what SGLang computes, without SGLang's bf16 activations."""
     import os
 
     import torch
 
-    from ddtree.reference.offline import offline_accept_lengths
     from ddtree.reference.pair import load_pair
 
-    ref = load_pair(Path(os.environ["SGLANG_DDTREE_REF"]), device="cuda", dtype=torch.bfloat16)
+    pair = load_pair(Path(os.environ["SGLANG_DDTREE_REF"]), device="cuda", dtype=torch.float32)
+    with torch.no_grad():
+        for model in (pair.target, pair.draft):
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+    return pair
+
+
+def test_export_gives_the_reference_targets_next_token_logprobs(fleet, prompts, reference, record_property):
+    import torch
+
+    server = ready(fleet, "none")
+    diffs, top1_diff = [], 0
+    for p in prompts[:8]:
+        r = server.generate(p, harness.greedy(1), return_logprob=True, logprob_start_len=0, top_logprobs_num=5)
+        theirs = r["meta_info"]["input_top_logprobs"][1:]                 # after tokens 0..n-2
+        with torch.no_grad():
+            logits = reference.target.forward_sequence(torch.tensor([p], device="cuda")).logits[0]
+            logp = torch.log_softmax(logits.float(), -1)
+        for pos, top in enumerate(theirs):
+            diffs += [abs(float(logp[pos, tok]) - lp) for lp, tok, *_ in top]
+            ours = logp[pos].topk(2)
+            if int(ours.indices[0]) != top[0][1] and float(ours.values[0] - ours.values[1]) > 0.05:
+                top1_diff += 1
+    diffs.sort()
+    record_property("|dlogp| top-5 mean / p99 / max", f"{statistics.fmean(diffs):.4f} / "
+                    f"{diffs[int(0.99 * len(diffs))]:.4f} / {diffs[-1]:.4f}")
+    record_property("positions", len(diffs) // 5)
+    record_property("top-1 differences (reference gap > 0.05)", top1_diff)
+    # bf16 activations over 6 layers: a few hundredths on average; an export with a wrong
+    # weight or layer order is off by whole nats and changes the top-1 token
+    assert statistics.fmean(diffs) < 0.05 and diffs[-1] < 0.5 and top1_diff == 0
+
+
+def test_dflash_verify_steps_match_the_reference_offline_chain(fleet, prompts, reference, record_property):
+    from ddtree.reference.offline import offline_accept_lengths
+
+    ref = reference
     depth = ref.block_size - 1
     long = outputs(ready(fleet, "none").complete_all(prompts, harness.greedy(2 * harness.MAX_NEW_TOKENS), 1))
     answers = ready(fleet, "dflash").complete_all(prompts, harness.greedy(), 1)

@@ -119,6 +119,24 @@ def spec_class():
         def supports_target_verify_for_draft(self) -> bool:
             return True
 
+        # SpeculativeAlgorithm methods 0.5.23's CustomSpecAlgo lacks (its conformance check looks at
+        # is_*/supports_* only) although the scheduler calls them on every algorithm; answered as
+        # SpeculativeAlgorithm answers for DFLASH
+        def carries_draft_hidden_states(self) -> bool:
+            return False
+
+        def need_topk(self) -> bool:
+            return False
+
+        def get_platform_worker_cls(self):
+            return None
+
+        def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True,
+                              needs_confidence_relay: bool = False):
+            from sglang.srt.managers.overlap_utils import FutureMap
+
+            return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
         # sglang 0.5.23 CustomSpecAlgo.handle_server_args (called with a recorder of field writes)
         def handle_server_args(self, server_args) -> None:
             handle_server_args(server_args)

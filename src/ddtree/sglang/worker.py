@@ -44,7 +44,7 @@ from ddtree.sglang.glue import commit_plan, full_mask, rewrite_req_to_token, sam
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
 from ddtree.sglang.settings import DDTreeConfigError, DDTreeSettings
 from ddtree.tree import DraftTree, build_tree_from_candidates, candidate_count
-from ddtree.verify import accept_path, node_targets
+from ddtree.verify import SamplingParams, accept_path, node_targets
 
 logger = logging.getLogger(__name__)
 DECODE_READY = True   # True: DDTREE decodes inside SGLang (roles/preflight/vars/main.yml mirrors it; tests/ansible)
@@ -65,6 +65,7 @@ class StepWindow:
 def make_worker_class():
     from sglang.srt.lora.layers import unwrap_lora_layer
     from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.model_executor.model_runner import SamplingPrewarmResult
     from sglang.srt.model_executor.forward_batch_info import (CaptureHiddenMode, ForwardBatch, ForwardMode,
                                                               enable_num_token_non_padded)
     from sglang.srt.runtime_context import get_exec, get_parallel
@@ -146,6 +147,29 @@ def make_worker_class():
             and folds what it returns into them: the candidate head instead of DFlash's greedy argmax."""
             self._ddtree_head.reserve(max(get_exec().graph.cuda_graph_config.decode.bs))
             return self._ddtree_head
+
+        def prewarm_sampling(self):
+            """Rehearse this worker's sampling verify (every node of every tree at once: [bs * N, V]
+            probabilities) at start-up, so its memory peak is reserved; DFlash's own rehearsal (its
+            chain sampling kernel) does not apply here."""
+            n, vocab = self._ddtree.verify_tokens, int(self.model_runner.model_config.vocab_size)
+            bs = max(1, min(int(self.model_runner.max_running_requests or 1),
+                            self.model_runner.max_decode_logits_rows() // n))
+            logits = torch.zeros((bs, n, vocab), dtype=torch.float32, device=self.device)       # [bs, N, V]
+            params = SamplingParams(temperature=torch.ones(bs, device=self.device), top_k=None,
+                                    top_p=torch.full((bs,), 0.95, device=self.device), min_p=None, all_greedy=False)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            node_targets(logits, params, generator=None)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+            size = logits.numel() * logits.element_size()
+            result = SamplingPrewarmResult(sampling_input_bytes=size, sampling_headroom_bytes=peak + size)
+            self.model_runner.sampling_prewarm_result = result
+            logger.info("DDTREE sampling pre-warm: bs=%d x %d nodes, peak=%d B headroom=%d B", bs, n, peak,
+                        result.sampling_headroom_bytes)
+            return result
 
         # --- the decode step ----------------------------------------------------------------
 
