@@ -69,9 +69,9 @@ def exec_flags(unit: str) -> list[str]:
 
 
 PRODUCTION_FLAGS = [
-    "--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6", "--speculative-algorithm DFLASH",
+    "--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6", "--speculative-algorithm DDTREE",
     "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
-    "--cuda-graph-max-bs-decode 32",
+    "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 32",
     "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
     "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics", "--api-key ${K26_API_KEY}",
     "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2",
@@ -94,11 +94,10 @@ def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
     assert nccl["k26_pcie_ipc_allreduce"] is True and nccl["k26_nccl_p2p"] == "auto"
 
 
-def test_production_ddtree_unit_adds_exactly_the_two_ddtree_flags(tmp_path, vault_pass):
-    files = render("production", tmp_path, vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "DDTREE"}))
-    flags = PRODUCTION_FLAGS[:5] + ["--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8"] + \
-        PRODUCTION_FLAGS[5:]
-    assert exec_flags(files["k26-gpu-01.service"]) == [f.replace("DFLASH", "DDTREE") for f in flags]
+def test_production_dflash_fallback_drops_exactly_the_two_ddtree_flags(tmp_path, vault_pass):
+    files = render("production", tmp_path, vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "DFLASH"}))
+    flags = [f.replace("DDTREE", "DFLASH") for f in PRODUCTION_FLAGS if "--speculative-ddtree" not in f]
+    assert exec_flags(files["k26-gpu-01.service"]) == flags
 
 
 @pytest.mark.parametrize("graphs,budget,cap", [(True, 8, 4), (False, 32, 8), (False, 128, 16), (True, 512, 8)])
@@ -154,9 +153,10 @@ BAD_PREFLIGHT = [
     ({"k26_min_free_disk_gb": 10**9}, "k26_min_free_disk_gb=1000000000"),
     ({"k26_min_driver_version": "R580"}, "k26_min_driver_version=R580 is invalid: expected a version"),
     ({"k26_nccl_p2p": "maybe"}, "k26_nccl_p2p=maybe is invalid: expected auto"),
-    ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE"},
-     "k26_speculative_algorithm=DDTREE cannot be served by sglang with this k26-ddtree release: the plugin's DDTREE "
-     "decode path is not implemented yet"),
+    ({"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": 2, "k26_ddtree_topk_cap": 1},
+     "k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4: the draft's block must fit in the verify window"),
+    ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_attention_backend": "fa3"},
+     "k26_attention_backend=fa3 cannot verify a DDTree with sglang"),
 ]
 
 
@@ -176,6 +176,12 @@ def test_preflight_passes_good_settings(tmp_path, pair_dir):
 
 def test_preflight_passes_sglang_with_the_chain(tmp_path, pair_dir):
     r = preflight(tmp_path, pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DFLASH"})
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_preflight_passes_sglang_with_ddtree(tmp_path, pair_dir):
+    r = preflight(tmp_path, pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE",
+                                       "k26_ddtree_budget": 3, "k26_ddtree_topk_cap": 1})
     assert r.returncode == 0, r.stdout[-3000:]
 
 

@@ -70,9 +70,9 @@ def test_sglang_serve_help_prints_before_plugins_load_in_0_5_23():
     assert "--speculative-ddtree-budget" not in r.stdout
 
 
-def rendered_production_args(algorithm: str = "DFLASH") -> list[str]:
+def rendered_production_args(algorithm: str = "DDTREE") -> list[str]:
     """The ExecStart flags the Ansible template renders for inventory/production (tests/ansible renders both):
-    the DFlash chain of the example inventory, or with k26_speculative_algorithm=DDTREE its two DDTree flags."""
+    DDTREE of the example inventory with its two DDTree flags, or the DFLASH fallback without them."""
     ddtree = ["--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8"] if algorithm == "DDTREE" else []
     flags = ["--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6",
              f"--speculative-algorithm {algorithm}",
@@ -99,8 +99,8 @@ def parse(args: list[str]) -> subprocess.CompletedProcess:
     return r
 
 
-def test_the_rendered_production_command_line_parses():
-    r = parse(rendered_production_args())
+def test_the_rendered_dflash_fallback_command_line_parses():
+    r = parse(rendered_production_args("DFLASH"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["DFLASH", "32", "8", "triton", "8", "True"]
 
@@ -119,56 +119,204 @@ def test_the_rendered_flags_match_the_template():
             assert flag in text
 
 
-@pytest.mark.parametrize("change,message", [
+INVALID = [
     ({"--speculative-ddtree-budget": "0"}, "--speculative-ddtree-budget=0 is invalid"),
     ({"--speculative-ddtree-topk-cap": "64"}, "--speculative-ddtree-topk-cap=64 is invalid: expected 1..budget (32)"),
+    ({"--speculative-ddtree-budget": "5", "--speculative-ddtree-topk-cap": "1"},
+     "--speculative-ddtree-budget=5 is invalid with block size 8: the draft's block must fit in the verify window"),
     ({"--disable-overlap-schedule": None}, "add --disable-overlap-schedule"),
     ({"--attention-backend": "trtllm_mla"}, "--attention-backend=trtllm_mla cannot verify a tree"),
-])
-def test_invalid_settings_are_rejected_with_the_plugins_message(change, message):
-    args = rendered_production_args("DDTREE")
+    ({"--attention-backend": None}, "--attention-backend=None cannot verify a tree"),
+    ({"--page-size": "16"}, "--page-size=16 is invalid for DDTREE"),
+    ({"--pp-size": "2"}, "--pp-size=2 is not supported with DDTREE"),
+    ({"--speculative-num-draft-tokens": "9"}, "--speculative-num-draft-tokens=9 is invalid with DDTREE"),
+    ({"--speculative-num-steps": "3"}, "--speculative-num-steps=3 does not apply to DDTREE"),
+    ({"--speculative-draft-window-size": "64"}, "--speculative-draft-window-size=64 is not supported with DDTREE"),
+    ({"--speculative-accept-threshold-single": "0.5"}, "--speculative-accept-threshold-single=0.5 is not supported"),
+    ({"--speculative-use-block-verification": True}, "--speculative-use-block-verification=True is not supported"),
+    ({"--enable-two-batch-overlap": True}, "--enable-two-batch-overlap=True is not supported with DDTREE"),
+    ({"--enable-mixed-chunk": True}, "--enable-mixed-chunk=True is not supported with DDTREE"),
+    ({"--enable-lora": True}, "--enable-lora=True is not supported with DDTREE"),
+    ({"--disaggregation-mode": "decode"}, "--disaggregation-mode=decode is not supported with DDTREE"),
+]
+
+PARSE_MANY = ("import sys, json, os\n"
+              "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+              "from sglang.srt.server_args import prepare_server_args\n"
+              "from ddtree.sglang.plugin import validate_server_args\n"
+              "out = []\n"
+              "for args in json.loads(sys.stdin.read()):\n"
+              "    try:\n"
+              "        validate_server_args(prepare_server_args(args))\n"
+              "        out.append('accepted')\n"
+              "    except BaseException as e:\n"
+              "        out.append(f'{type(e).__name__}: {e}')\n"
+              "print(json.dumps(out))\n")
+
+
+def changed(args: list[str], change: dict) -> list[str]:
+    args = list(args)
     for flag, value in change.items():
-        i = args.index(flag)
         if value is None:
-            del args[i]
+            i = args.index(flag)
+            del args[i: i + (1 if flag.startswith("--disable") else 2)]
+        elif value is True:
+            args.append(flag)
+        elif flag in args:
+            args[args.index(flag) + 1] = value
         else:
-            args[i + 1] = value
-    r = parse(args)
-    assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
+            args += [flag, value]
+    return args
 
 
-def test_dflash_worker_v2_has_the_constructor_the_worker_relies_on():
+@pytest.fixture(scope="module")
+def invalid_outcomes() -> list[str]:
+    """Every INVALID command line parsed and validated in one fresh interpreter (imports take ~25 s)."""
+    cases = [changed(rendered_production_args("DDTREE"), change) for change, _ in INVALID]
+    r = subprocess.run([sys.executable, "-c", PARSE_MANY], input=json.dumps(cases), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", range(len(INVALID)), ids=[m.split(" ")[0] for _, m in INVALID])
+def test_invalid_settings_are_rejected_with_the_plugins_message(invalid_outcomes, case):
+    outcome, message = invalid_outcomes[case], INVALID[case][1]
+    assert outcome != "accepted" and message in outcome, outcome
+
+
+OVERRIDES = {"__init__", "forward_batch_generation", "_maybe_build_draft_sampler", "prewarm_sampling"}
+
+
+def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
+    from sglang.srt.speculative import dflash_worker_v2
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    params = inspect.signature(DFlashWorkerV2.__init__).parameters
-    for name in ("server_args", "gpu_id", "nccl_port", "target_worker"):
-        assert name in params, f"DFlashWorkerV2.__init__ lost '{name}' in this SGLang"
     from ddtree.sglang.worker import make_worker_class
 
     worker = make_worker_class()
-    overridden = [n for n, v in vars(worker).items() if callable(v) and not n.startswith("__")]
-    for name in overridden:  # every override must exist upstream with the same parameters
-        assert hasattr(DFlashWorkerV2, name)
+    own = {n for n, v in vars(worker).items() if callable(v) or isinstance(v, staticmethod)}
+    assert own - {n for n in own if n.startswith("_ddtree_")} == OVERRIDES
+    for name in OVERRIDES:      # every override exists upstream with the same parameters
         assert inspect.signature(getattr(worker, name)).parameters.keys() == \
-            inspect.signature(getattr(DFlashWorkerV2, name)).parameters.keys()
+            inspect.signature(getattr(DFlashWorkerV2, name)).parameters.keys(), name
+    # what the decode step calls on the parent (0.5.23 names)
+    for name in ("_append_target_hidden_to_draft_kv_by_loc", "_draft_write_ids", "_make_next_draft_input_decode",
+                 "_can_skip_verify_logits", "_defer_target_verify_gather"):
+        assert callable(getattr(DFlashWorkerV2, name)), name
+    assert callable(dflash_worker_v2._resolve_dflash_embedding_module)
+    params = inspect.signature(DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc).parameters
+    assert {"target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens"} <= params.keys()
 
 
-def test_the_worker_refuses_to_serve_until_its_decode_path_exists():
-    from ddtree.sglang.worker import DDTreeNotReady, make_worker_class
+def test_the_worker_decodes_ddtree_in_this_release():
+    from ddtree.sglang import worker
 
-    with pytest.raises(DDTreeNotReady, match="--speculative-algorithm DFLASH"):
-        make_worker_class()(server_args=None, gpu_id=0, nccl_port=0, target_worker=None)
+    assert worker.DECODE_READY is True
+    cls = worker.make_worker_class()
+    for stage in ("_ddtree_draft", "_ddtree_tree", "_ddtree_verify", "_ddtree_verdict", "_ddtree_commit"):
+        assert callable(getattr(cls, stage)), stage
 
 
 def test_target_verify_width_is_budget_plus_one_and_the_draft_keeps_its_block():
     r = fresh("from sglang.srt.plugins import load_plugins; load_plugins()\n"
               "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S\n"
               "a = S.from_string('DDTREE')\n"
-              "print(a.get_num_tokens_per_req_for_target_verify(8, False),"
-              " a.get_num_tokens_per_req_for_target_verify(8, True))\n",
-              env={"SGLANG_DDTREE_BUDGET": "48"})
+              "print(a.get_num_tokens_per_req_for_target_verify(49, False),"
+              " a.get_num_tokens_per_req_for_target_verify(49, True))\n",
+              env={"SGLANG_DDTREE_BUDGET": "48", "SGLANG_DDTREE_BLOCK_SIZE": "8"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["49", "8"]
+
+
+def test_the_draft_width_without_the_resolved_block_is_an_error_not_a_guess():
+    r = fresh("from sglang.srt.plugins import load_plugins; load_plugins()\n"
+              "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S\n"
+              "S.from_string('DDTREE').get_num_tokens_per_req_for_target_verify(33, True)\n")
+    assert r.returncode != 0 and "SGLANG_DDTREE_BLOCK_SIZE is not set" in r.stderr
+
+
+def test_ddtree_spec_answers_every_method_of_a_builtin_algorithm():
+    """The scheduler calls these on any algorithm (0.5.23's CustomSpecAlgo lacks four of them)."""
+    r = fresh("from sglang.srt.plugins import load_plugins; load_plugins()\n"
+              "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S\n"
+              "spec = S.from_string('DDTREE')\n"
+              "names = {n for n, v in vars(S).items() if callable(v) and not n.startswith('_')}\n"
+              "print(sorted(n for n in names if not hasattr(spec, n)))\n"
+              "print(spec.carries_draft_hidden_states(), spec.need_topk(), spec.get_platform_worker_cls())\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["[]", "False False None"]
+
+
+RESOLVE = ("import sys, json, os\n"
+           "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+           "from sglang.srt.server_args import prepare_server_args\n"
+           "from sglang.srt.arg_groups.overrides import resolving_view\n"
+           "a = prepare_server_args(json.loads(sys.argv[1]))\n"
+           "a.resolve_once()\n"
+           "c = resolving_view(a)\n"
+           "print(c.speculative_num_draft_tokens, c.speculative_num_steps, c.speculative_eagle_topk,\n"
+           "      c.speculative_draft_attention_backend, c.max_running_requests, os.environ['SGLANG_DDTREE_BLOCK_SIZE'])\n")
+
+
+def resolve(tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    """SGLang's own resolution pipeline on the CPU (--device cpu) over a tiny pair's config.json files."""
+    pair = tmp_path / "pair"
+    for name, cfg in (("target", {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4}),
+                      ("draft", {"architectures": ["DFlashDraftModel"], "num_hidden_layers": 1, "block_size": 8,
+                                 "num_target_layers": 4,
+                                 "dflash_config": {"block_size": 8, "target_layer_ids": [0, 2], "mask_token_id": 1000}})):
+        (pair / name).mkdir(parents=True)
+        (pair / name / "config.json").write_text(json.dumps({
+            "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+            "tie_word_embeddings": False, **cfg}))
+    args = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--device", "cpu", "--load-format",
+            "dummy", "--attention-backend", "triton", "--speculative-algorithm", "DDTREE",
+            "--speculative-draft-model-path", str(pair / "draft"), "--disable-overlap-schedule", *extra]
+    e = os.environ.copy()
+    for k in ("SGLANG_DDTREE_BUDGET", "SGLANG_DDTREE_TOPK_CAP", "SGLANG_DDTREE_BLOCK_SIZE"):
+        e.pop(k, None)
+    return subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(args)], capture_output=True, text=True,
+                          timeout=300, env=e)
+
+
+def test_sglangs_resolution_sizes_a_ddtree_server_for_its_verify_width(tmp_path):
+    r = resolve(tmp_path, "--speculative-ddtree-budget", "32", "--speculative-ddtree-topk-cap", "8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    # width budget + 1, one step, top-k 1, the draft attends with the target's backend, DFLASH's
+    # default concurrency, and the draft's block (from its config.json) handed to the schedulers
+    assert r.stdout.split() == ["33", "1", "1", "triton", "48", "8"]
+
+
+def test_a_block_flag_that_contradicts_the_drafts_config_stops_resolution(tmp_path):
+    r = resolve(tmp_path, "--speculative-dflash-block-size", "16")
+    assert r.returncode != 0
+    assert "--speculative-dflash-block-size=16 differs from the draft's block_size 8" in r.stderr
+
+
+def test_the_request_hook_is_applied_and_refuses_with_the_field(tmp_path):
+    r = fresh("from sglang.srt.plugins import load_plugins; load_plugins()\n"
+              "from types import SimpleNamespace as NS\n"
+              "from sglang.srt.managers.io_struct import GenerateReqInput\n"
+              "from sglang.srt.managers.tokenizer_manager import TokenizerManager as TM\n"
+              "ddtree = NS(server_args=NS(speculative_algorithm='DDTREE'))\n"
+              "for obj in (GenerateReqInput(input_ids=[1, 2], return_logprob=True),\n"
+              "            GenerateReqInput(input_ids=[1, 2], sampling_params={'frequency_penalty': 0.5}),\n"
+              "            GenerateReqInput(input_ids=[1, 2], sampling_params={'json_schema': '{}'})):\n"
+              "    try:\n"
+              "        TM._validate_one_request(ddtree, obj, [1, 2])\n"
+              "    except ValueError as e:\n"
+              "        print(str(e).split(' ')[0])\n"
+              "other = NS(server_args=NS(speculative_algorithm='DFLASH'))\n"
+              "try:\n"
+              "    TM._validate_one_request(other, GenerateReqInput(input_ids=[1, 2], return_logprob=True), [1, 2])\n"
+              "except Exception as e:\n"    # SGLang's own validation runs (and fails on the stand-in manager)
+              "    print('refused by the plugin' if 'DDTREE' in str(e) else 'reached SGLang')\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:4] == ["return_logprob=True", "sampling_params.frequency_penalty=0.5",
+                                        "sampling_params.json_schema", "reached SGLang"]
 
 
 def test_the_commit_plan_of_a_chain_matches_dflash_accept_in_sglang():

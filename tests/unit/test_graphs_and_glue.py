@@ -147,3 +147,31 @@ def test_commit_plan_keeps_the_accepted_path_by_permuting_the_window():
     assert req_to_token[7, 3:7].tolist() == [100, 101, 103, 102]
     assert req_to_token[2, 1:5].tolist() == [200, 201, 202, 203]
     assert int(req_to_token.sum()) == sum(range(100, 104)) + sum(range(200, 204))
+    # the permutation itself, for another id space of the same window (the draft's KV slots)
+    assert torch.equal(window.gather(1, plan.order), plan.window)
+
+
+def test_window_slots_reads_each_requests_reserved_slots_from_its_token_table_row():
+    from ddtree.sglang.glue import window_slots
+
+    req_to_token = torch.arange(10 * 12, dtype=torch.int32).view(10, 12)
+    slots = window_slots(req_to_token, torch.tensor([7, 2]), torch.tensor([3, 1]), 4)
+    assert slots.dtype == torch.int64
+    assert slots.tolist() == [list(range(7 * 12 + 3, 7 * 12 + 7)), list(range(2 * 12 + 1, 2 * 12 + 5))]
+
+
+def test_accept_path_is_verify_trees_walk_and_checks_its_targets():
+    from ddtree import build_tree, verify_tree
+    from ddtree.verify import accept_path
+
+    g = torch.Generator().manual_seed(3)
+    tree = build_tree(torch.randn(2, 3, 11, generator=g), torch.tensor([1, 2]), budget=6, topk_cap=3)
+    logits = torch.randn(2, 7, 11, generator=g)
+    want = verify_tree(tree, logits, 0.0)
+    got = accept_path(tree, logits.argmax(-1))
+    for field in ("accepted", "accept_len", "bonus", "tokens"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    with pytest.raises(ValueError, match=r"targets.shape=\(2, 6\) is invalid: expected \(2, 7\)"):
+        accept_path(tree, logits.argmax(-1)[:, :6])
+    with pytest.raises(ValueError, match="targets.dtype=torch.int32 is invalid"):
+        accept_path(tree, logits.argmax(-1).int())

@@ -1,0 +1,156 @@
+"""DDTREE server settings, per-request refusals and the reference pair's SGLang export (CPU, no SGLang)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ddtree.reference.config import DraftConfig, TargetConfig
+from ddtree.reference.export import draft_config, export_pair
+from ddtree.reference.pair import init_pair
+from ddtree.sglang.requests import request_refusal
+from ddtree.sglang.settings import DDTreeConfigError, DDTreeSettings, draft_block_size, refusals, validate
+
+
+def server(**changes):
+    """The server arguments a DDTREE deployment renders (as SGLang's ServerArgs fields), with changes."""
+    base = dict(page_size=None, disable_overlap_schedule=True, attention_backend="triton", pp_size=1, attn_dp_size=1,
+                enable_dp_attention=False, speculative_draft_window_size=None,
+                speculative_use_block_verification=False, speculative_adaptive=False, enable_lora=None,
+                lora_paths=None, enable_two_batch_overlap=False, enable_mixed_chunk=False,
+                enable_unified_memory=False, enable_return_hidden_states=False, disaggregation_mode="null",
+                speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0,
+                speculative_num_draft_tokens=None, speculative_num_steps=None, speculative_eagle_topk=None)
+    base.update(changes)
+    return NS(**base)
+
+
+GOOD = DDTreeSettings(budget=32, topk_cap=8, block_size=8)
+
+
+def test_the_rendered_production_settings_pass():
+    assert list(refusals(GOOD, server())) == []
+    assert list(refusals(DDTreeSettings(budget=7, topk_cap=1, block_size=8), server())) == []   # the chain
+
+
+@pytest.mark.parametrize("settings,changes,message", [
+    (DDTreeSettings(0, 8, 8), {}, "--speculative-ddtree-budget=0 is invalid: expected 1..1023"),
+    (DDTreeSettings(1024, 8, 8), {}, "--speculative-ddtree-budget=1024 is invalid"),
+    (DDTreeSettings(32, 33, 8), {}, "--speculative-ddtree-topk-cap=33 is invalid: expected 1..budget (32)"),
+    (DDTreeSettings(6, 1, 8), {}, "use a budget >= 7 (7 with --speculative-ddtree-topk-cap 1 is the DFlash chain)"),
+    (DDTreeSettings(32, 8, 1), {}, "--speculative-dflash-block-size=1 is invalid"),
+    (GOOD, {"page_size": 64}, "--page-size=64 is invalid for DDTREE"),
+    (GOOD, {"disable_overlap_schedule": False}, "add --disable-overlap-schedule"),
+    (GOOD, {"attention_backend": "fa3"}, "--attention-backend=fa3 cannot verify a tree"),
+    (GOOD, {"attention_backend": None}, "--attention-backend=None cannot verify a tree"),
+    (GOOD, {"pp_size": 2}, "--pp-size=2 is not supported with DDTREE"),
+    (GOOD, {"attn_dp_size": 8}, "--attn-dp-size=8 is not supported with DDTREE"),
+    (GOOD, {"enable_dp_attention": True}, "--enable-dp-attention=True is not supported"),
+    (GOOD, {"speculative_draft_window_size": 2048}, "--speculative-draft-window-size=2048 is not supported"),
+    (GOOD, {"speculative_adaptive": True}, "--speculative-adaptive=True is not supported"),
+    (GOOD, {"lora_paths": ["a"]}, "--lora-paths=['a'] is not supported"),
+    (GOOD, {"disaggregation_mode": "prefill"}, "--disaggregation-mode=prefill is not supported with DDTREE"),
+    (GOOD, {"speculative_accept_threshold_acc": 0.9}, "--speculative-accept-threshold-acc=0.9 is not supported"),
+    (GOOD, {"speculative_num_draft_tokens": 8}, "the plugin sets it to budget + 1 (33)"),
+    (GOOD, {"speculative_eagle_topk": 4}, "--speculative-eagle-topk=4 does not apply to DDTREE"),
+    (GOOD, {"enable_return_hidden_states": True}, "--enable-return-hidden-states=True is not supported"),
+])
+def test_unsupported_settings_are_refused_with_flag_value_and_fix(settings, changes, message):
+    with pytest.raises(DDTreeConfigError) as err:
+        validate(settings, server(**changes))
+    assert message in str(err.value)
+
+
+def test_the_width_the_plugin_set_itself_is_accepted():
+    assert list(refusals(GOOD, server(speculative_num_draft_tokens=33, speculative_num_steps=1,
+                                      speculative_eagle_topk=1))) == []
+
+
+def test_simulated_acceptance_is_refused(monkeypatch):
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")
+    assert any("SGLANG_SIMULATE_ACC_LEN=3" in m for m in refusals(GOOD, server()))
+
+
+def test_settings_travel_through_the_environment():
+    env: dict = {}
+    GOOD.to_env(env)
+    assert DDTreeSettings.from_env(env) == GOOD
+    assert DDTreeSettings.from_env({}).block_size is None
+    with pytest.raises(DDTreeConfigError, match="SGLANG_DDTREE_BLOCK_SIZE is not set"):
+        DDTreeSettings.from_env({}).resolved_block()
+    with pytest.raises(DDTreeConfigError, match=r"--speculative-ddtree-budget \(SGLANG_DDTREE_BUDGET\)='x'"):
+        DDTreeSettings.from_env({"SGLANG_DDTREE_BUDGET": "x"})
+
+
+def test_the_drafts_block_comes_from_its_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 16}, "block_size": 4}))
+    assert draft_block_size(tmp_path) == 16
+    (tmp_path / "config.json").write_text(json.dumps({"block_size": 4}))
+    assert draft_block_size(tmp_path) == 4
+    assert draft_block_size(tmp_path / "missing") is None and draft_block_size(None) is None
+
+
+# --- per request ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params,request_fields,field", [
+    (None, {"return_logprob": True}, "return_logprob=True"),
+    (None, {"top_logprobs_num": 5}, "top_logprobs_num=5"),
+    (None, {"return_hidden_states": True}, "return_hidden_states=True"),
+    (None, {"custom_logit_processor": "x"}, "custom_logit_processor"),
+    ({"json_schema": "{}"}, {}, "sampling_params.json_schema"),
+    ({"regex": "a+"}, {}, "sampling_params.regex"),
+    ({"frequency_penalty": 0.3}, {}, "sampling_params.frequency_penalty=0.3"),
+    ({"repetition_penalty": 1.1}, {}, "sampling_params.repetition_penalty=1.1"),
+    ({"min_new_tokens": 4}, {}, "sampling_params.min_new_tokens=4"),
+])
+def test_unsupported_requests_name_the_field_and_the_fix(params, request_fields, field):
+    message = request_refusal(params, NS(**request_fields))
+    assert message is not None and message.startswith(field) and "--speculative-algorithm DFLASH or NONE" in message
+
+
+def test_plain_sampled_requests_pass():
+    params = {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "min_p": 0.05, "repetition_penalty": 1.0,
+              "frequency_penalty": 0.0, "logit_bias": {"5": 1.0}, "stop": ["\n"], "max_new_tokens": 64}
+    assert request_refusal(params, NS(return_logprob=False)) is None
+    assert request_refusal(None, NS()) is None
+
+
+# --- the export ----------------------------------------------------------------------------
+
+def tiny_pair(target_layer_ids=(0, 1)):
+    target = TargetConfig(num_hidden_layers=3)
+    draft = DraftConfig(block_size=4, target_layer_ids=list(target_layer_ids))
+    return init_pair(target, draft, seed=0)
+
+
+def test_the_export_writes_qwen3_and_dflash_checkpoints_with_every_weight(tmp_path):
+    pair = tiny_pair()
+    export_pair(pair, tmp_path)
+    target_cfg = json.loads((tmp_path / "target/config.json").read_text())
+    draft_cfg = json.loads((tmp_path / "draft/config.json").read_text())
+    assert target_cfg["architectures"] == ["Qwen3ForCausalLM"] and target_cfg["tie_word_embeddings"] is False
+    assert draft_cfg["architectures"] == ["DFlashDraftModel"]
+    assert draft_cfg["dflash_config"] == {"block_size": 4, "target_layer_ids": [0, 1], "mask_token_id": 258}
+    assert draft_cfg["num_target_layers"] == 3 and draft_cfg["vocab_size"] == target_cfg["vocab_size"] == 260
+    target = load_file(str(tmp_path / "target/model.safetensors"))
+    draft = load_file(str(tmp_path / "draft/model.safetensors"))
+    # every parameter of the reference models is exported exactly once (bf16-rounded)
+    assert len(target) == len(list(pair.target.parameters()))
+    assert len(draft) == len(list(pair.draft.parameters()))
+    assert torch.equal(target["model.layers.2.self_attn.k_norm.weight"],
+                       pair.target.layers[2].self_attn.k_norm.weight.to(torch.bfloat16))
+    assert torch.equal(draft["fc.weight"], pair.draft.fc.weight.to(torch.bfloat16))
+    assert torch.equal(target["lm_head.weight"], pair.target.lm_head.weight.to(torch.bfloat16))
+    assert "layers.0.mlp.gate_proj.weight" in draft and "hidden_norm.weight" in draft
+
+
+def test_a_draft_reading_the_last_target_layer_is_refused_before_anything_is_written(tmp_path):
+    pair = tiny_pair(target_layer_ids=(0, 2))
+    with pytest.raises(ValueError, match=r"target_layer_ids \[2\] cannot be captured by SGLang"):
+        export_pair(pair, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert draft_config(tiny_pair().draft.config, pair.target.config, "bfloat16")["block_size"] == 4
