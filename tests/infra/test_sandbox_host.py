@@ -60,7 +60,7 @@ def test_smoke_completion_answered(host):
 
 def test_extension_importable_with_its_entry_point(host):
     py = "/opt/k26/venv/bin/python"
-    assert host.check_output(f"{py} -c 'import ddtree; print(ddtree.__version__)'") == "0.1.0"
+    assert host.check_output(f"{py} -c 'import ddtree; print(ddtree.__version__)'") == "0.2.0"
     eps = host.check_output(f"{py} -c \"from importlib.metadata import entry_points as e; "
                             f"print([x.value for x in e(group='console_scripts', name='ddtree-serve')])\"")
     assert "ddtree.serve.cli:main" in eps

@@ -75,9 +75,9 @@ def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
 
 
 def test_a_sweep_the_server_cannot_decode_is_refused_before_the_lock(converged, tmp_path):
-    play = deploy("-e", SMALL, "-e", f"sweep_results_root={tmp_path}", "-e", "k26_server_kind=sglang",
+    play = deploy("-e", SMALL, "-e", f"sweep_results_root={tmp_path}", "-e", "k26_server_kind=sglang", "-e", "k26_attention_backend=fa3",
                   tmp=tmp_path / "a", playbook="playbooks/sweep.yml")
     out = re.sub(r"\s+", " ", play.out)
-    assert play.rc != 0 and "k26_speculative_algorithm=DDTREE cannot be served by sglang" in out, out[-3000:]
+    assert play.rc != 0 and "k26_attention_backend=fa3 cannot verify a DDTree with sglang" in out, out[-3000:]
     assert "Take the host lock" not in play.out and play.seconds < 60
     original_is_running()

@@ -50,10 +50,6 @@ logger = logging.getLogger(__name__)
 DECODE_READY = True   # True: DDTREE decodes inside SGLang (roles/preflight/vars/main.yml mirrors it; tests/ansible)
 
 
-class DDTreeNotReady(RuntimeError):
-    """Kept for callers of 0.1.0; this release's worker serves DDTREE."""
-
-
 @dataclass
 class StepWindow:
     """The KV slots of one decode step."""
