@@ -106,6 +106,7 @@ def test_the_drafts_block_comes_from_its_config(tmp_path):
     ({"frequency_penalty": 0.3}, {}, "sampling_params.frequency_penalty=0.3"),
     ({"repetition_penalty": 1.1}, {}, "sampling_params.repetition_penalty=1.1"),
     ({"min_new_tokens": 4}, {}, "sampling_params.min_new_tokens=4"),
+    ({"sampling_seed": 7, "temperature": 0.7}, {}, "sampling_params.sampling_seed=7"),
 ])
 def test_unsupported_requests_name_the_field_and_the_fix(params, request_fields, field):
     message = request_refusal(params, NS(**request_fields))
@@ -117,6 +118,7 @@ def test_plain_sampled_requests_pass():
               "frequency_penalty": 0.0, "logit_bias": {"5": 1.0}, "stop": ["\n"], "max_new_tokens": 64}
     assert request_refusal(params, NS(return_logprob=False)) is None
     assert request_refusal(None, NS()) is None
+    assert request_refusal({"temperature": 0.0, "sampling_seed": 7}, NS()) is None     # greedy: nothing to seed
 
 
 # --- the export ----------------------------------------------------------------------------

@@ -6,7 +6,8 @@ SGLang's DFLASH code for them assumes a chain. Rather than approximate them sile
 plugin's hook on SGLang's TokenizerManager._validate_one_request rejects such a request
 before it reaches the scheduler: the client gets an error naming the field, its value and the
 fix, and the server keeps serving everyone else. Logit bias (the same for every tree node) and
-stop conditions (applied to the emitted tokens) are supported.
+stop conditions (applied to the emitted tokens) are supported; a per-request sampling seed is
+refused at temperature > 0 (the verify step samples from the server's generator).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def request_refusal(sampling_params: Mapping | None, request: object) -> str | N
     if getattr(request, "custom_logit_processor", None):
         return f"custom_logit_processor is not supported by this DDTREE server; {FIX}"
     params = sampling_params or {}
+    if params.get("sampling_seed") is not None and float(params.get("temperature", 1.0)) > 0:
+        return (f"sampling_params.sampling_seed={params['sampling_seed']!r} is not supported by this DDTREE server at "
+                "temperature > 0 (its tree verification draws from the server's own generator, so a seed would not "
+                f"make the output reproducible); {FIX}")
     for field in GRAMMAR_FIELDS:
         if params.get(field) is not None:
             return f"sampling_params.{field} (constrained decoding) is not supported by this DDTREE server; {FIX}"
