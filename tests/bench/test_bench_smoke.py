@@ -52,3 +52,33 @@ def test_train_pair_then_e2e_on_the_cpu(tmp_path):
     for r in checked:   # the engine's own count and the offline count agree (float32 on the CPU)
         assert r["offline_tokens_per_step"] == pytest.approx(r["tokens_per_step"], rel=1e-9)
     assert (tmp_path / "e2e.png").stat().st_size > 10_000
+
+
+def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
+    """bench/sglang_e2e.py's arithmetic and outputs on hand-made answers (the servers run on the GPU)."""
+    from tests.helpers import import_bench
+
+    e2e = import_bench("sglang_e2e")
+    servers = import_bench("sglang_servers")
+    none = [{"output_ids": [1, 2, 3, 4], "meta_info": {}}, {"output_ids": [5, 6, 7, 8], "meta_info": {}}]
+    tree = [{"output_ids": [1, 2, 3, 4], "meta_info": {"spec_accept_length": 3.0, "spec_verify_ct": 1}},
+            {"output_ids": [5, 6, 7, 9], "meta_info": {"spec_accept_length": 1.5, "spec_verify_ct": 2}}]
+    rows = [e2e.summarize(servers.NONE, 1, 0.0, none, 2.0, [1.0, 1.0], None),
+            e2e.summarize(servers.DFLASH, 1, 0.0, [{**a, "meta_info": {"spec_accept_length": 2.0, "spec_verify_ct": 2}}
+                                                   for a in none], 1.0, [0.5, 0.5], [a["output_ids"] for a in none]),
+            e2e.summarize(servers.ddtree(32, 8), 1, 0.0, tree, 0.5, [0.2, 0.3], [a["output_ids"] for a in none])]
+    assert rows[0].tokens_per_s == 4.0 and rows[0].step_ms == 250.0        # 1 s / (3 decode steps + 1)
+    ddtree = rows[2]
+    assert ddtree.tokens_per_s == 16.0 and ddtree.accept_length == 2.25
+    assert ddtree.tokens_per_step == 2.0                                    # (8 - 2 first tokens) / 3 verify steps
+    assert ddtree.step_ms == round(1000 * (0.2 / 2 + 0.3 / 3) / 2, 3) and ddtree.equal_to_none == "1/2"
+    text = e2e.table(rows)
+    assert text.splitlines()[-1].startswith("| ddtree-b32-c8-graphs | 1 | 0 | 16.0 | 2.25 | 2.0 |")
+    e2e.plot(rows, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+    assert [c.name for c in e2e.configurations(quick=True)] == ["none", "dflash", "ddtree-b32-c8-graphs",
+                                                                 "ddtree-b64-c8-graphs"]
+    full = [c.name for c in e2e.configurations(quick=False)]
+    assert len(full) == 2 + 14 and "ddtree-b8-c8-graphs" in full and "ddtree-b128-c128-graphs" in full
+    with pytest.raises(ValueError, match="configuration 'eagle' is invalid"):
+        servers.config("eagle")

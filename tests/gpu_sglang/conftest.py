@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.gpu_sglang import harness
+from tests.helpers import import_bench
+
+harness = import_bench("sglang_servers")
 
 RESULTS: list[dict] = []
 

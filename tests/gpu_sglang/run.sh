@@ -2,6 +2,7 @@
 # The DDTREE-in-SGLang tests on the GPU test bed, from the project root on the GPU machine, after
 # ../shared/sglang-gpu's stage.sh a..e:
 #   tests/gpu_sglang/run.sh [pytest args]      e.g. -k 'not test_ddtree_greedy or b32-c8'
+#   tests/gpu_sglang/run.sh --bench [bench/sglang_e2e.py args]   e.g. --quick
 # Installs the project into the test bed's site (its entry point is how SGLang finds the plugin),
 # trains the byte-level pair when none is there (bench/train_pair.py --size small, TRAIN_MINUTES),
 # exports it to SGLang's formats and runs tests/gpu_sglang, which start one server per
@@ -30,14 +31,20 @@ if [ ! -f "$WORK/pair/b8/target/model.safetensors" ]; then
 fi
 python3 -m ddtree.reference.export --pair "$WORK/pair/b8" --out "$WORK/sglang-pair" || exit 1
 echo "[run] pair ready after $(( $(date +%s) - t0 )) s"
-SGLANG_DDTREE_PAIR="$WORK/sglang-pair" SGLANG_DDTREE_REF="$WORK/pair/b8" \
-SGLANG_DDTREE_PROMPTS="$WORK/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUTDIR" \
-  python3 -m pytest tests/gpu_sglang -p no:cacheprovider -q -rfE "$@"
+if [ "${1:-}" = "--bench" ]; then    # bench/sglang_e2e.py on the same pair instead of the tests
+  shift
+  python3 bench/sglang_e2e.py --pair "$WORK/sglang-pair" --prompts "$WORK/pair/heldout_prompts.json" \
+    --out "$OUTDIR" "$@"
+else
+  SGLANG_DDTREE_PAIR="$WORK/sglang-pair" SGLANG_DDTREE_REF="$WORK/pair/b8" \
+  SGLANG_DDTREE_PROMPTS="$WORK/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUTDIR" \
+    python3 -m pytest tests/gpu_sglang -p no:cacheprovider -q -rfE "$@"
+fi
 rc=$?
 echo "[run] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
 # what comes back through the device tool's $OUT (at most 8 files): the table, the results, the logs
 if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUTDIR" ]; then
-  cp "$OUTDIR"/results.md "$OUTDIR"/results.json "$OUT"/ 2>/dev/null
+  cp "$OUTDIR"/results.md "$OUTDIR"/results.json "$OUTDIR"/table.md "$OUTDIR"/tokens_per_s.png "$OUT"/ 2>/dev/null
   tar czf "$OUT/logs.tgz" -C "$OUTDIR" logs 2>/dev/null
   if [ "${PACK:-0}" = 1 ]; then
     tar czf - -C "$WORK" pair | split -b 15M - "$OUT/pair.tgz.part"

@@ -1,6 +1,6 @@
 """DDTREE inside the real SGLang 0.5.23 server on the GPU test bed (marker sglang_gpu).
 
-One server per configuration (harness.CONFIGS), the trained byte-level pair exported to SGLang's
+One server per configuration (bench/sglang_servers.py: CONFIGS), the trained byte-level pair exported to SGLang's
 formats. What is checked, each test able to fail:
 - the export: SGLang's next-token log-probs on the prompts equal the reference engine's (bf16),
   and DFLASH's verify steps equal the reference's offline chain count within 5%;
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu_sglang import harness
+from tests.helpers import import_bench
+
+harness = import_bench("sglang_servers")
 from tests.helpers import two_sample_chi_square_pvalue
 
 pytestmark = pytest.mark.sglang_gpu

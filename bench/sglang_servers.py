@@ -1,4 +1,5 @@
-"""Real `sglang serve` processes on the GPU test bed, one per configuration, and a small client.
+"""Real `sglang serve` processes on the GPU test bed, one per configuration, and a small client
+(used by tests/gpu_sglang and bench/sglang_e2e.py).
 
 Servers are started in parallel (one port each, on 127.0.0.1), share the GPU through a fixed KV
 pool (--max-total-tokens) and are stopped by their PID. Requests send token ids
@@ -50,6 +51,16 @@ class ServerConfig:
 
 def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
     return ServerConfig(f"ddtree-b{budget}-c{cap}-{'graphs' if graphs else 'eager'}", "DDTREE", budget, cap, graphs)
+
+
+def config(name: str) -> ServerConfig:
+    """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    parts = name.split("-")
+    if len(parts) == 4 and parts[0] == "ddtree" and parts[3] in ("graphs", "eager"):
+        return ddtree(int(parts[1][1:]), int(parts[2][1:]), parts[3] == "graphs")
+    raise ValueError(f"configuration {name!r} is invalid: expected none, dflash or ddtree-b<budget>-c<cap>-graphs|eager")
 
 
 # The matrix of issue 18: NONE and DFLASH references, DDTREE at budgets 8/32/64 x caps 1/4/8 with
@@ -157,7 +168,7 @@ class Fleet:
         fresh = [n for n in names if n not in self.servers]
         for n in fresh:
             port = self.base_port + 2 * len(self.servers)
-            self.servers[n] = Server(CONFIGS[n], port, self.logdir / f"sglang-{n}.log")
+            self.servers[n] = Server(config(n), port, self.logdir / f"sglang-{n}.log")
             self.servers[n].start(self.pair)
         with ThreadPoolExecutor(max_workers=max(1, len(fresh))) as pool:
             ready = dict(zip(fresh, pool.map(lambda n: self.servers[n].wait_ready(timeout), fresh)))

@@ -1,0 +1,206 @@
+"""NONE vs DFLASH vs DDTREE inside the real SGLang 0.5.23 server, side by side (the GPU test bed).
+
+Run on the GPU machine from the project root, after staging the test bed and with the pair in
+SGLang's formats (tests/gpu_sglang/run.sh makes both):
+
+    . .gpu-bundles/bin/env.sh
+    python3 bench/sglang_e2e.py --pair DIR --prompts heldout_prompts.json --out OUT [--quick]
+
+One server per configuration (bench/sglang_servers.py; all started together, measured one at a
+time so that no two share the GPU while timed): NONE, DFLASH and DDTREE at budgets
+8/16/32/64/128 x caps 4/8/budget, CUDA graphs on. For each: batch 1 (one request at a time) and
+batch 8 (8 in flight), temperature 0 and 0.7 (top-p 0.9, top-k 50), the held-out prompts x
+--max-new-tokens. Columns: output tokens/s (client wall clock over the whole set), accept length
+(SGLang's spec_accept_length, mean over requests), tokens per verify step (decoded tokens /
+spec_verify_ct), client step time (batch 1: request latency / (verify steps + 1)), and at
+temperature 0 how many outputs equal NONE's. Writes OUT/results.json, OUT/table.md and
+OUT/tokens_per_s.png; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sglang_servers as servers  # noqa: E402
+
+BUDGETS = (8, 16, 32, 64, 128)
+CAPS = ("4", "8", "budget")
+SAMPLED = {"temperature": 0.7, "top_p": 0.9, "top_k": 50}
+
+
+@dataclass
+class Row:
+    config: str
+    algorithm: str
+    budget: int | None
+    cap: int | None
+    batch: int
+    temperature: float
+    tokens_per_s: float
+    accept_length: float | None
+    tokens_per_step: float | None
+    step_ms: float | None           # batch 1 only: mean request latency / (verify steps + 1)
+    equal_to_none: str | None       # temperature 0: "k/n"
+    requests: int
+
+
+def configurations(quick: bool) -> list[servers.ServerConfig]:
+    if quick:
+        return [servers.NONE, servers.DFLASH, servers.ddtree(32, 8), servers.ddtree(64, 8)]
+    trees = []
+    for b in BUDGETS:
+        for cap in CAPS:
+            c = b if cap == "budget" else int(cap)
+            if c <= b and servers.ddtree(b, c).name not in {t.name for t in trees}:
+                trees.append(servers.ddtree(b, c))
+    return [servers.NONE, servers.DFLASH, *trees]
+
+
+def measure(server: servers.Server, prompts: list[list[int]], batch: int, temperature: float,
+            max_new_tokens: int) -> tuple[list[dict], float, list[float]]:
+    """All prompts with `batch` requests in flight: (answers, wall seconds, per-request latencies)."""
+    sampling = {"max_new_tokens": max_new_tokens, "ignore_eos": True,
+                **({"temperature": 0.0} if temperature == 0 else {**SAMPLED, "temperature": temperature})}
+    latencies: list[float] = []
+
+    def one(prompt):
+        t0 = time.perf_counter()
+        answer = server.generate(prompt, sampling)
+        latencies.append(time.perf_counter() - t0)
+        return answer
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    server.generate(prompts[0], {**sampling, "max_new_tokens": 8})          # warm the path once
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=batch) as pool:
+        answers = list(pool.map(one, prompts))
+    return answers, time.perf_counter() - start, latencies
+
+
+def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers: list[dict], wall: float,
+              latencies: list[float], none_outputs: list[list[int]] | None) -> Row:
+    bad = [a for a in answers if "output_ids" not in a]
+    if bad:
+        raise RuntimeError(f"{cfg.name}: {len(bad)} requests failed, e.g. {bad[0]}")
+    tokens = sum(len(a["output_ids"]) for a in answers)
+    metas = [a["meta_info"] for a in answers]
+    spec = cfg.algorithm != "NONE"
+    steps = sum(m.get("spec_verify_ct", 0) for m in metas) if spec else 0
+    step_ms = None
+    if batch == 1:
+        per_step = [lat / ((m.get("spec_verify_ct", 0) if spec else len(a["output_ids"]) - 1) + 1)
+                    for lat, m, a in zip(latencies, metas, answers)]
+        step_ms = round(1000 * statistics.fmean(per_step), 3)
+    equal = None
+    if none_outputs is not None:
+        same = sum(a["output_ids"] == n for a, n in zip(answers, none_outputs))
+        equal = f"{same}/{len(answers)}"
+    return Row(config=cfg.name, algorithm=cfg.algorithm, budget=cfg.budget, cap=cfg.cap, batch=batch,
+               temperature=temperature, tokens_per_s=round(tokens / wall, 1),
+               accept_length=round(statistics.fmean(m["spec_accept_length"] for m in metas), 3) if spec else None,
+               tokens_per_step=round((tokens - len(answers)) / steps, 3) if spec and steps else None,
+               step_ms=step_ms, equal_to_none=equal, requests=len(answers))
+
+
+def table(rows: list[Row]) -> str:
+    out = ["| configuration | batch | T | tokens/s | accept length | tokens / verify step | step ms (batch 1) | "
+           "T=0 equal to NONE |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def f(v):
+            return "" if v is None else v
+        out.append(f"| {r.config} | {r.batch} | {r.temperature:g} | {r.tokens_per_s} | {f(r.accept_length)} | "
+                   f"{f(r.tokens_per_step)} | {f(r.step_ms)} | {f(r.equal_to_none)} |")
+    return "\n".join(out)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = sorted({(r.batch, r.temperature) for r in rows})
+    fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 4), squeeze=False)
+    for ax, (batch, temp) in zip(axes[0], settings):
+        sel = [r for r in rows if r.batch == batch and r.temperature == temp]
+        for label in sorted({"budget" if r.cap == r.budget else str(r.cap) for r in sel if r.algorithm == "DDTREE"}):
+            pts = sorted((r.budget, r.tokens_per_s) for r in sel if r.algorithm == "DDTREE"
+                         and ("budget" if r.cap == r.budget else str(r.cap)) == label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"DDTREE cap {label}")
+        for algo, style in (("DFLASH", "--"), ("NONE", ":")):
+            for r in sel:
+                if r.algorithm == algo:
+                    ax.axhline(r.tokens_per_s, linestyle=style, color="gray" if algo == "NONE" else "black",
+                               label=algo)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("budget")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(f"batch {batch}, temperature {temp:g}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", required=True, help="the pair in SGLang's formats (target/, draft/)")
+    ap.add_argument("--prompts", required=True, help="JSON list of token-id prompts (held-out)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--temperatures", default="0,0.7")
+    ap.add_argument("--configs", default="", help="comma list of configuration names (default: the full matrix)")
+    ap.add_argument("--quick", action="store_true", help="NONE, DFLASH, DDTREE b32 c8 and b64 c8 only")
+    ap.add_argument("--start-timeout", type=float, default=900)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = json.loads(Path(args.prompts).read_text())[: args.num_prompts]
+    prompts = [p[: 1 + 16 + 15 * i] for i, p in enumerate(raw)]                # different lengths
+    configs = ([servers.config(n) for n in args.configs.split(",")] if args.configs
+               else configurations(args.quick))
+    batches = [int(b) for b in args.batches.split(",")]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    fleet = servers.Fleet(Path(args.pair), out / "logs")
+    rows: list[Row] = []
+    try:
+        ready = fleet.start([c.name for c in configs], timeout=args.start_timeout)
+        for name, ok in ready.items():
+            if not ok:
+                print(f"{name} did not start: {fleet.servers[name].exit_message()}", flush=True)
+        none_outputs: dict[int, list[list[int]]] = {}
+        for cfg in configs:
+            if not ready.get(cfg.name):
+                continue
+            server = fleet.servers[cfg.name]
+            for batch in batches:
+                for temp in temps:
+                    answers, wall, lat = measure(server, prompts, batch, temp, args.max_new_tokens)
+                    if cfg.algorithm == "NONE" and temp == 0:
+                        none_outputs[batch] = [a["output_ids"] for a in answers]
+                    reference = none_outputs.get(batch) if temp == 0 and cfg.algorithm != "NONE" else None
+                    rows.append(summarize(cfg, batch, temp, answers, wall, lat, reference))
+                    print(table(rows[-1:]).splitlines()[-1], flush=True)
+                    (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    finally:
+        fleet.stop_all()
+    text = table(rows)
+    (out / "table.md").write_text(text + "\n")
+    print(text)
+    if rows:
+        plot(rows, out / "tokens_per_s.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
