@@ -1,4 +1,5 @@
-"""Write results.csv, results.md and plot.png for a sweep and print the best configuration.
+"""Write results.csv, results.md and plot.png for a sweep and print the best DDTree configuration
+with its speed against DFLASH and NONE (same CUDA-graph setting, temperature 0).
 
 Usage: python tools/sweep_report.py RESULTS_DIR   (reads RESULTS_DIR/rows.json written by sweep.yml)
 """
@@ -15,8 +16,34 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-FIELDS = ["budget", "topk_cap", "cuda_graph", "temperature", "concurrency", "tokens_per_s", "accept_length",
-          "latency_p50_s", "latency_p95_s", "requests", "errors", "status"]
+FIELDS = ["algorithm", "budget", "topk_cap", "cuda_graph", "temperature", "concurrency", "tokens_per_s",
+          "server_tokens_per_s", "accept_length", "server_accept_length", "latency_p50_s", "latency_p95_s",
+          "requests", "errors", "status"]
+
+
+def speed(row: dict) -> float:
+    """The server's own tokens/s where its /metrics answered, else the client's."""
+    value = row.get("server_tokens_per_s")
+    return float(value if value is not None else row.get("tokens_per_s") or 0)
+
+
+def greedy_ok(rows: list[dict], algorithm: str) -> list[dict]:
+    return [r for r in rows if r.get("status") == "ok" and float(r["temperature"]) == 0.0
+            and r.get("algorithm", "DDTREE") == algorithm]
+
+
+def comparison(rows: list[dict]) -> dict | None:
+    """The best DDTREE configuration at temperature 0 and how it compares with DFLASH and NONE."""
+    trees = greedy_ok(rows, "DDTREE")
+    if not trees:
+        return None
+    best = max(trees, key=speed)
+    out = {"best": best}
+    for ref in ("DFLASH", "NONE"):
+        same = [r for r in greedy_ok(rows, ref) if str(r["cuda_graph"]) == str(best["cuda_graph"])]
+        if same and speed(same[0]) > 0:
+            out[f"vs_{ref.lower()}"] = round(speed(best) / speed(same[0]), 3)
+    return out
 
 
 def write_csv(rows: list[dict], out: Path) -> None:
@@ -26,25 +53,37 @@ def write_csv(rows: list[dict], out: Path) -> None:
         w.writerows(rows)
 
 
-def write_table(rows: list[dict], out: Path, best: dict | None) -> None:
+def write_table(rows: list[dict], out: Path, summary: dict | None) -> None:
     lines = ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
-    lines += ["| " + " | ".join(str(r.get(f, "")) for f in FIELDS) + " |" for r in rows]
-    if best:
+    lines += ["| " + " | ".join("" if r.get(f) is None else str(r.get(f)) for f in FIELDS) + " |" for r in rows]
+    if summary:
+        best = summary["best"]
+        ratios = ", ".join(f"{k.split('_')[1].upper()} x{v}" for k, v in summary.items() if k.startswith("vs_"))
         lines += ["", f"Best at temperature 0: budget {best['budget']}, top-k cap {best['topk_cap']}, "
-                      f"CUDA graphs {best['cuda_graph']}: {best['tokens_per_s']} tokens/s, "
-                      f"accept length {best['accept_length']}"]
+                      f"CUDA graphs {best['cuda_graph']}: {speed(best)} tokens/s, "
+                      f"accept length {best.get('server_accept_length') or best['accept_length']}"
+                      + (f" ({ratios})" if ratios else "")]
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
 def write_plot(rows: list[dict], out: Path) -> None:
-    ok = [r for r in rows if r.get("status") == "ok" and float(r["temperature"]) == 0.0]
+    ok = greedy_ok(rows, "DDTREE")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    graph_settings = sorted({str(r["cuda_graph"]) for r in ok})
     for cap in sorted({r["topk_cap"] for r in ok}):
-        for graphs in sorted({str(r["cuda_graph"]) for r in ok}):
+        for graphs in graph_settings:
             pts = sorted((int(r["budget"]), r) for r in ok if r["topk_cap"] == cap and str(r["cuda_graph"]) == graphs)
-            label = f"cap {cap}" + ("" if len({str(r['cuda_graph']) for r in ok}) == 1 else f", graphs {graphs}")
-            ax1.plot([b for b, _ in pts], [r["accept_length"] or 0 for _, r in pts], marker="o", label=label)
-            ax2.plot([b for b, _ in pts], [r["tokens_per_s"] for _, r in pts], marker="o", label=label)
+            label = f"cap {cap}" + ("" if len(graph_settings) == 1 else f", graphs {graphs}")
+            ax1.plot([b for b, _ in pts], [r.get("server_accept_length") or r["accept_length"] or 0 for _, r in pts],
+                     marker="o", label=label)
+            ax2.plot([b for b, _ in pts], [speed(r) for _, r in pts], marker="o", label=label)
+    for ref, style in (("DFLASH", "--"), ("NONE", ":")):
+        for r in greedy_ok(rows, ref):
+            label = ref + ("" if len(graph_settings) <= 1 else f", graphs {r['cuda_graph']}")
+            ax2.axhline(speed(r), linestyle=style, color="black", label=label)
+            if ref == "DFLASH" and (r.get("server_accept_length") or r.get("accept_length")):
+                ax1.axhline(r.get("server_accept_length") or r["accept_length"], linestyle=style, color="black",
+                            label=label)
     for ax, title in ((ax1, "accept length (tokens / verify step)"), (ax2, "tokens/s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("DDTree budget")
@@ -58,12 +97,11 @@ def write_plot(rows: list[dict], out: Path) -> None:
 def main(argv: list[str]) -> int:
     out = Path(argv[1])
     rows = json.loads((out / "rows.json").read_text())
-    ok = [r for r in rows if r.get("status") == "ok" and float(r["temperature"]) == 0.0]
-    best = max(ok, key=lambda r: r["tokens_per_s"]) if ok else None
+    summary = comparison(rows)
     write_csv(rows, out)
-    write_table(rows, out, best)
+    write_table(rows, out, summary)
     write_plot(rows, out)
-    print(json.dumps({"best": best, "results": str(out)}))
+    print(json.dumps({**(summary or {"best": None}), "results": str(out)}))
     return 0
 
 

@@ -27,9 +27,17 @@ def test_sweep_writes_results_and_restores_the_original(converged, tmp_path):
     assert play.rc == 0, play.out[-4000:]
     [run] = [p for p in tmp_path.iterdir() if p.name.endswith("Z")]
     rows = list(csv.DictReader((run / "results.csv").open()))
-    assert {(r["budget"], r["temperature"]) for r in rows} == {(b, t) for b in ("4", "8", "16") for t in ("0.0", "0.7")}
+    configs = {("DDTREE", b) for b in ("4", "8", "16")} | {("DFLASH", ""), ("NONE", "")}
+    assert {(r["algorithm"], r["budget"], r["temperature"]) for r in rows} == \
+        {(a, b, t) for a, b in configs for t in ("0.0", "0.7")}
     assert all(r["status"] == "ok" and float(r["tokens_per_s"]) > 0 and r["errors"] == "0" for r in rows)
-    assert "Best at temperature 0" in (run / "results.md").read_text()
+    # the server's own counters over each load: tokens/s, and generated tokens per verify step (the
+    # reference engine counts every target pass as one, so plain decoding reads 1.0 there)
+    assert all(float(r["server_tokens_per_s"]) > 0 for r in rows)
+    assert all(float(r["server_accept_length"]) == 1.0 for r in rows if r["algorithm"] == "NONE")
+    assert all(float(r["server_accept_length"]) >= 1.0 for r in rows if r["algorithm"] == "DDTREE")
+    summary = (run / "results.md").read_text()
+    assert "Best at temperature 0" in summary and "(DFLASH x" in summary and "NONE x" in summary
     assert (run / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "best" in play.out
     original_is_running()

@@ -3,8 +3,9 @@
   python3 k26_client.py smoke URL MODEL MAX_TOKENS PROMPT
       temperature 0 twice (must match), then 0.7 (must answer); prints one JSON line
   python3 k26_client.py load URL MODEL MAX_TOKENS CONCURRENCY TEMPERATURE
-      a fixed prompt set with CONCURRENCY parallel requests; prints tokens/s, accept length,
-      latency p50/p95 and errors as one JSON line
+      a fixed prompt set with CONCURRENCY parallel requests; prints tokens/s and accept length as
+      the client sees them and as the server's own /metrics counters say (generated tokens and
+      verify steps over the load), latency p50/p95 and errors as one JSON line
   python3 k26_client.py validate URL PROMPTS_JSON MAX_TOKENS CONCURRENCY
       every prompt at temperature 0 through the native /generate route with token ids and top-2
       log-probs (one at a time), then again with CONCURRENCY in parallel for tokens/s, and the
@@ -82,12 +83,44 @@ def smoke(url: str, model: str, max_tokens: int, prompt: str) -> None:
         sys.exit(f"temperature 0 is not deterministic: {texts[0]!r} then {texts[1]!r}")
 
 
+COUNTERS = ("sglang:generation_tokens_total", "sglang:spec_verify_calls_total")
+
+
+def counters(url: str) -> dict:
+    """The server's own token and verify-step counters from /metrics, summed over their label sets
+    (SGLang labels them by model, rank and streaming); {} when /metrics does not answer."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return {}
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def server_side(before: dict, after: dict, wall: float) -> dict:
+    """Tokens/s and accept length (generated tokens per verify step, SGLang's definition) from the
+    server's counters over the load; accept length None without verify steps (no speculation)."""
+    if not before or not after:
+        return {"server_tokens_per_s": None, "server_accept_length": None}
+    tokens = after[COUNTERS[0]] - before[COUNTERS[0]]
+    steps = after[COUNTERS[1]] - before[COUNTERS[1]]
+    return {"server_tokens_per_s": round(tokens / wall, 1),
+            "server_accept_length": round(tokens / steps, 3) if steps > 0 else None}
+
+
 def load(url: str, model: str, max_tokens: int, concurrency: int, temperature: float) -> None:
     chat(url, model, 4, PROMPTS[0], temperature)  # warm-up
+    before = counters(url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda p: chat(url, model, max_tokens, p, temperature), PROMPTS))
     wall = time.perf_counter() - t0
+    after = counters(url)
     ok = [r for r in results if "error" not in r]
     lat = sorted(r["seconds"] for r in ok) or [0.0]
     accept = [a for a in map(accept_length, ok) if a is not None]
@@ -96,6 +129,7 @@ def load(url: str, model: str, max_tokens: int, concurrency: int, temperature: f
         "errors": len(results) - len(ok),
         "tokens_per_s": round(sum(r["usage"]["completion_tokens"] for r in ok) / wall, 1),
         "accept_length": round(statistics.mean(accept), 3) if accept else None,
+        **server_side(before, after, wall),
         "latency_p50_s": round(lat[len(lat) // 2], 3),
         "latency_p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 3),
     }))
