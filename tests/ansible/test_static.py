@@ -73,17 +73,19 @@ PRODUCTION_FLAGS = [
     "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
     "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 32",
     "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
-    "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics", "--api-key ${K26_API_KEY}",
+    "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
+    "--config /etc/k26/k26-ddtree.yaml",
     "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2",
 ]
 
 
 def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
     files = render("production", tmp_path, vault_pass)
-    unit, env = files["k26-gpu-01.service"], files["k26-gpu-01.env"]
+    unit, env, config = files["k26-gpu-01.service"], files["k26-gpu-01.env"], files["k26-gpu-01.yaml"]
     assert unit.split("ExecStart=", 1)[1].startswith("/opt/k26/venv/bin/sglang serve \\")
     assert exec_flags(unit) == PRODUCTION_FLAGS
-    assert "demo-api-key-replace-me" not in unit and "K26_API_KEY=demo-api-key-replace-me" in env
+    # the key is only in the config file (0640 root:k26 on the host), as the JSON string sglang's YAML reads
+    assert "demo-api-key-replace-me" not in unit + env and 'api-key: "demo-api-key-replace-me"' in config
     for line in ("User=k26", "EnvironmentFile=/etc/k26/k26-ddtree.env", "Restart=on-failure", "TimeoutStartSec=3600",
                  "TimeoutStopSec=600", "KillMode=mixed", "LimitMEMLOCK=infinity", "NoNewPrivileges=yes",
                  "ProtectSystem=full", "ProtectHome=yes", "PrivateTmp=yes", "ReadWritePaths=/var/lib/k26"):
@@ -122,12 +124,16 @@ def test_sandbox_unit_runs_ddtree_serve(tmp_path, vault_pass):
         "--speculative-algorithm DDTREE", "--speculative-draft-model-path /srv/models/tiny-seed0/draft",
         "--speculative-dflash-block-size 4", "--speculative-ddtree-budget 16", "--speculative-ddtree-topk-cap 4",
         "--cuda-graph-backend-decode disabled", "--device cpu", "--dtype float32", "--max-running-requests 32",
-        "--host 127.0.0.1", "--port 30000", "--enable-metrics", "--api-key ${K26_API_KEY}"]
-    # the rendered flags are accepted by the real ddtree-serve parser
-    from ddtree.serve.cli import parser
+        "--host 127.0.0.1", "--port 30000", "--enable-metrics", "--config /etc/k26/k26-ddtree.yaml"]
+    # the rendered flags and config file are accepted by the real ddtree-serve parser, which takes the key
+    # from the file
+    from ddtree.serve.cli import parse_args, parser
 
-    args = parser().parse_args(" ".join(flags).replace("${K26_API_KEY}", "k").split())
+    (tmp_path / "k26.yaml").write_text(files["sandbox.yaml"])
+    argv = " ".join(flags).replace("/etc/k26/k26-ddtree.yaml", str(tmp_path / "k26.yaml")).split()
+    args = parse_args(parser(), argv)
     assert args.speculative_ddtree_budget == 16 and args.cuda_graph_backend_decode == "disabled"
+    assert args.api_key == "sandbox-demo-key"
 
 
 @pytest.fixture(scope="module")
@@ -157,13 +163,17 @@ BAD_PREFLIGHT = [
      "k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4: the draft's block must fit in the verify window"),
     ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_attention_backend": "fa3"},
      "k26_attention_backend=fa3 cannot verify a DDTree with sglang"),
+    ({"k26_api_key": ""}, "k26_api_key is empty: the server would run without authentication"),
+    ({"k26_api_key": "short-key"}, "k26_api_key is 9 characters long (the value is not printed): expected at least 16"),
+    ({"k26_api_key": "demo-api-key-replace-me"}, "k26_api_key is the demo key of the example vault"),
 ]
 
 
 def preflight(tmp: Path, pair_dir: Path, overrides: dict) -> subprocess.CompletedProcess:
     base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_state_dir": str(tmp / "state"),
             "k26_model_path": str(pair_dir / "target"), "k26_draft_model_path": str(pair_dir / "draft"),
-            "k26_dflash_block_size": 4, "k26_port": 39999, "k26_server_kind": "reference"}
+            "k26_dflash_block_size": 4, "k26_port": 39999, "k26_server_kind": "reference",
+            "k26_api_key": "a-test-key-of-24-chars!!"}
     base.update(overrides)
     return run([str(BIN / "ansible-playbook"), "-i", "localhost,", "tests/ansible/preflight.yml",
                 "-e", json.dumps(base)], tmp)

@@ -49,6 +49,23 @@ def guest(cmd: str, check: bool = True) -> subprocess.CompletedProcess:
                           text=True, timeout=120, check=check)
 
 
+JOURNAL: dict[str, str] = {}   # the guest journal's cursor before this session's first converge
+
+
+def journal_cursor() -> str:
+    out = guest("journalctl -n 0 --show-cursor -q --no-pager", check=False).stdout
+    found = re.search(r"-- cursor: (\S+)", out)
+    return found.group(1) if found else ""
+
+
+def journal_since_session() -> str:
+    """Everything the guest logged since this test session's first converge (a reused sandbox keeps
+    older sessions' entries, written by older code)."""
+    start = JOURNAL.get("start", "")
+    after = f"--after-cursor='{start}'" if start else ""
+    return guest(f"journalctl --no-pager -o cat {after}").stdout
+
+
 @pytest.fixture(scope="session")
 def sandbox_up():
     r = subprocess.run([str(ROOT / "tools" / "sandbox.sh"), "status"], capture_output=True, text=True)
@@ -59,6 +76,7 @@ def sandbox_up():
 
 @pytest.fixture(scope="session")
 def converged(sandbox_up) -> tuple[Play, Play]:
+    JOURNAL["start"] = journal_cursor()
     first = deploy()
     assert first.rc == 0, first.out[-5000:]
     second = deploy()
@@ -71,3 +89,9 @@ def host(converged):
     import testinfra
 
     return testinfra.get_host("ssh://k26-sandbox", ssh_config=str(SANDBOX / "ssh_config"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """tests/infra/test_secrets.py runs last: it searches everything the other tests left behind
+    (the journal after deploys, verifies, sweeps and validations; the snapshot and rollback folders)."""
+    items.sort(key=lambda item: item.fspath.basename == "test_secrets.py")

@@ -30,10 +30,13 @@ def test_unit_file(host):
     assert "User=k26" in unit.content_string and API_KEY not in unit.content_string
 
 
-def test_env_file_holds_the_key_and_is_private(host):
+def test_only_the_config_file_holds_the_key_and_it_is_private(host):
     env = host.file("/etc/k26/k26-ddtree.env")
     assert env.user == "root" and env.group == "k26" and env.mode == 0o640
-    assert f"K26_API_KEY={API_KEY}" in env.content_string
+    assert API_KEY not in env.content_string
+    config = host.file("/etc/k26/k26-ddtree.yaml")
+    assert config.user == "root" and config.group == "k26" and config.mode == 0o640
+    assert f'api-key: "{API_KEY}"' in config.content_string
 
 
 def test_service_enabled_and_running_as_k26(host):

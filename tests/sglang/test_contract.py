@@ -5,11 +5,13 @@ Run in the SGLang venv (`make test` does): python -m pytest tests/sglang
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -80,8 +82,24 @@ def rendered_production_args(algorithm: str = "DDTREE") -> list[str]:
              *ddtree, "--cuda-graph-max-bs-decode 32",
              "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
              "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
-             "--api-key demo", "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2"]
+             "--config /etc/k26/k26-ddtree.yaml", "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2"]
     return " ".join(flags).split()
+
+
+RENDERED_CONFIG = "/etc/k26/k26-ddtree.yaml"
+API_KEY = "contract-test-key-0123456789"
+
+
+@functools.lru_cache(maxsize=1)
+def config_file() -> str:
+    """The config file the template renders (`api-key: <JSON string>`), in a temporary folder."""
+    path = Path(tempfile.mkdtemp()) / "k26-ddtree.yaml"
+    path.write_text(f"# rendered\napi-key: {json.dumps(API_KEY)}\n")
+    return str(path)
+
+
+def with_config(args: list[str]) -> list[str]:
+    return [config_file() if a == RENDERED_CONFIG else a for a in args]
 
 
 PARSE = ("import sys, json, os\n"
@@ -91,31 +109,35 @@ PARSE = ("import sys, json, os\n"
          "a = prepare_server_args(json.loads(sys.argv[1]))\n"
          "validate_server_args(a)\n"
          "print(a.speculative_algorithm, os.environ['SGLANG_DDTREE_BUDGET'], os.environ['SGLANG_DDTREE_TOPK_CAP'],\n"
-         "      a.attention_backend, a.tp_size, a.disable_overlap_schedule)\n")
+         "      a.attention_backend, a.tp_size, a.disable_overlap_schedule)\n"
+         "from sglang.srt.entrypoints import engine\n"
+         "print(a.api_key, engine._server_args_for_logging(a)['api_key'])\n")
 
 
 def parse(args: list[str]) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-c", PARSE, json.dumps(args)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", PARSE, json.dumps(with_config(args))], capture_output=True, text=True,
+                       timeout=300)
     return r
 
 
 def test_the_rendered_dflash_fallback_command_line_parses():
     r = parse(rendered_production_args("DFLASH"))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["DFLASH", "32", "8", "triton", "8", "True"]
+    assert r.stdout.split() == ["DFLASH", "32", "8", "triton", "8", "True", API_KEY, "<redacted>"]
 
 
 def test_the_rendered_ddtree_command_line_parses_and_validates():
     r = parse(rendered_production_args("DDTREE"))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["DDTREE", "32", "8", "triton", "8", "True"]
+    # the key reaches SGLang from the config file (not argv), and its start-up log line redacts it
+    assert r.stdout.split() == ["DDTREE", "32", "8", "triton", "8", "True", API_KEY, "<redacted>"]
 
 
 def test_the_rendered_flags_match_the_template():
     """The list above is the one tests/ansible asserts for the production render (kept in step)."""
     text = (ROOT / "tests" / "ansible" / "test_static.py").read_text()
     for flag in rendered_production_args("DDTREE"):
-        if flag.startswith("--") and flag != "--api-key":
+        if flag.startswith("--"):
             assert flag in text
 
 
@@ -172,7 +194,7 @@ def changed(args: list[str], change: dict) -> list[str]:
 @pytest.fixture(scope="module")
 def invalid_outcomes() -> list[str]:
     """Every INVALID command line parsed and validated in one fresh interpreter (imports take ~25 s)."""
-    cases = [changed(rendered_production_args("DDTREE"), change) for change, _ in INVALID]
+    cases = [with_config(changed(rendered_production_args("DDTREE"), change)) for change, _ in INVALID]
     r = subprocess.run([sys.executable, "-c", PARSE_MANY], input=json.dumps(cases), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

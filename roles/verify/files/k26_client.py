@@ -10,7 +10,10 @@
       every prompt at temperature 0 through the native /generate route with token ids and top-2
       log-probs (one at a time), then again with CONCURRENCY in parallel for tokens/s, and the
       time to first token of a streamed completion; prints one JSON document
-The API key is read from the K26_API_KEY environment variable.
+  python3 k26_client.py get URL PATH
+      one authenticated GET (e.g. /model_info); prints the JSON body
+The API key is read from the server's config file named by K26_CONFIG_FILE (its `api-key:` line,
+a JSON string), never from the command line or the environment.
 """
 
 import json
@@ -34,10 +37,32 @@ PROMPTS = [
 ]
 
 
+def api_key() -> str:
+    """The key in the config file K26_CONFIG_FILE (`api-key: "..."`); empty without one."""
+    path = os.environ.get("K26_CONFIG_FILE")
+    if not path:
+        return ""
+    with open(path) as fh:
+        for line in fh:
+            if line.startswith("api-key:"):
+                return json.loads(line.split(":", 1)[1].strip())
+    return ""
+
+
+def headers() -> dict:
+    return {"content-type": "application/json", "authorization": "Bearer " + api_key()}
+
+
 def request(url: str, path: str, body: dict) -> urllib.request.Request:
-    return urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                  headers={"content-type": "application/json",
-                                           "authorization": "Bearer " + os.environ.get("K26_API_KEY", "")})
+    return urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST", headers=headers())
+
+
+def get(url: str, path: str) -> None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + path, headers=headers()), timeout=60) as resp:
+            print(json.dumps(json.load(resp)))
+    except urllib.error.HTTPError as err:
+        sys.exit(f"GET {path}: HTTP {err.code}: {err.read().decode(errors='replace')[:500]}")
 
 
 def post_json(url: str, path: str, body: dict, timeout: float) -> dict:
@@ -187,6 +212,8 @@ def main(argv: list[str]) -> None:
         smoke(argv[2], argv[3], int(argv[4]), argv[5])
     elif len(argv) == 7 and argv[1] == "load":
         load(argv[2], argv[3], int(argv[4]), int(argv[5]), float(argv[6]))
+    elif len(argv) == 4 and argv[1] == "get":
+        get(argv[2], argv[3])
     elif len(argv) == 6 and argv[1] == "validate":
         validate(argv[2], argv[3], int(argv[4]), int(argv[5]))
     else:

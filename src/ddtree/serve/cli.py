@@ -32,7 +32,11 @@ def parser() -> argparse.ArgumentParser:
                     help="must equal the draft's block size (read from its config.json when omitted)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30000)
-    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--api-key", default=None,
+                    help="prefer --config FILE with `api_key: ...`: a flag is visible in the process list")
+    ap.add_argument("--config", default=None,
+                    help="YAML file of flags (keys = flag names, `-` or `_`), as `sglang serve --config`; "
+                         "flags on the command line win. The deployment keeps the API key there.")
     ap.add_argument("--enable-metrics", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -51,6 +55,37 @@ def parser() -> argparse.ArgumentParser:
     # tooling can be shown to catch a broken speculative path. The production server (sglang) has no such flag.
     ap.add_argument("--test-corrupt-accepted-path", type=int, default=0, help=argparse.SUPPRESS)
     return ap
+
+
+def config_defaults(ap: argparse.ArgumentParser, path: str) -> dict:
+    """The flags in a YAML config file as parser defaults: {dest: value}; an unknown key, a file that
+    cannot be read or a non-mapping is an error naming the file and the key."""
+    import yaml
+
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as err:
+        ap.error(f"--config {path}: cannot be read as YAML ({err})")
+    if not isinstance(data, dict):
+        ap.error(f"--config {path}: expected a mapping of flag names to values, got {type(data).__name__}")
+    dests = {a.dest for a in ap._actions}
+    out = {}
+    for key, value in data.items():
+        dest = str(key).replace("-", "_")
+        if dest not in dests or dest in ("config", "help"):
+            ap.error(f"--config {path}: unknown key {key!r}; expected flag names of ddtree-serve such as api_key")
+        out[dest] = value
+    return out
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Command line over --config over defaults."""
+    args = ap.parse_args(argv)
+    if args.config:
+        ap.set_defaults(**config_defaults(ap, args.config))
+        args = ap.parse_args(argv)
+    return args
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -124,7 +159,7 @@ class DrainingServer(uvicorn.Server):
 
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     check_args(ap, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     decoder, settings = load(args, ap)

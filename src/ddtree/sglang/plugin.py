@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 ALGORITHM = "DDTREE"
 CAPTURE_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+LOGGED_SERVER_ARGS = "sglang.srt.entrypoints.engine._server_args_for_logging"
+SECRET_FIELDS = ("api_key", "admin_api_key")
 DEFAULT_MAX_RUNNING_REQUESTS = 48   # what SGLang 0.5.23 sets for DFLASH when unset
 _registered = False
 
@@ -103,6 +105,18 @@ def refuse_unsupported_requests(*args, **kwargs):
     if message:
         raise ValueError(message)
     return None
+
+
+def redact_logged_secrets(result, *args, **kwargs):
+    """AFTER hook on sglang 0.5.23 engine._server_args_for_logging(server_args): the start-up log line
+    `server_args={...}` carries every field, the API keys included (0.5.23 redacts only watermark
+    secrets), and would put them in the journal. Any server with the plugin installed gets them
+    redacted, whatever its algorithm."""
+    if isinstance(result, dict):
+        for field in SECRET_FIELDS:
+            if result.get(field):
+                result[field] = "<redacted>"
+    return result
 
 
 def spec_class():
@@ -196,6 +210,7 @@ def register() -> None:
                                   spec_class=spec_class())(worker_factory)
     HookRegistry.register(CAPTURE_SPEC_INFO, capture_with_tree_mask, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, refuse_unsupported_requests, HookType.BEFORE)
+    HookRegistry.register(LOGGED_SERVER_ARGS, redact_logged_secrets, HookType.AFTER)
     _registered = True
     # last: a bad SGLANG_DDTREE_GRAPH_CHECK raises here (load_plugins logs it) and again, as the
     # server's error, in validate_server_args
