@@ -50,7 +50,8 @@ def test_argument_specs_list_exactly_the_defaults(role):
 def test_every_role_reads_as_a_table_of_contents(role):
     tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / "main.yml").read_text())
     assert all(t["name"][0].isupper() for t in tasks)
-    assert (ROOT / "roles" / role / "handlers" / "main.yml").exists()
+    handlers = ROOT / "roles" / role / "handlers" / "main.yml"
+    assert not handlers.exists() or yaml.safe_load(handlers.read_text()), f"{handlers} is empty: remove it"
 
 
 def render(inventory: str, tmp: Path, vault_pass: Path, *extra: str) -> dict[str, str]:
@@ -82,7 +83,7 @@ PRODUCTION_FLAGS = [
 def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
     files = render("production", tmp_path, vault_pass)
     unit, env, config = files["k26-gpu-01.service"], files["k26-gpu-01.env"], files["k26-gpu-01.yaml"]
-    assert unit.split("ExecStart=", 1)[1].startswith("/opt/k26/venv/bin/sglang serve \\")
+    assert unit.split("ExecStart=", 1)[1].startswith("/opt/k26/current/venv/bin/sglang serve \\")
     assert exec_flags(unit) == PRODUCTION_FLAGS
     # the key is only in the config file (0640 root:k26 on the host), as the JSON string sglang's YAML reads
     assert "demo-api-key-replace-me" not in unit + env and 'api-key: "demo-api-key-replace-me"' in config
@@ -117,7 +118,7 @@ def test_rendered_flags_follow_graphs_and_budget(tmp_path, vault_pass, graphs, b
 def test_sandbox_unit_runs_ddtree_serve(tmp_path, vault_pass):
     files = render("sandbox", tmp_path, vault_pass)
     unit = files["sandbox.service"]
-    assert unit.split("ExecStart=", 1)[1].startswith("/opt/k26/venv/bin/ddtree-serve \\")
+    assert unit.split("ExecStart=", 1)[1].startswith("/opt/k26/current/venv/bin/ddtree-serve \\")
     flags = exec_flags(unit)
     assert flags == [
         "--model-path /srv/models/tiny-seed0/target", "--served-model-name k26-sandbox-tiny",

@@ -49,6 +49,11 @@ def guest(cmd: str, check: bool = True) -> subprocess.CompletedProcess:
                           text=True, timeout=120, check=check)
 
 
+def current_release(host) -> str:
+    """The release folder `/opt/k26/current` points at (the last one that passed health and smoke)."""
+    return host.check_output("readlink -f /opt/k26/current")
+
+
 JOURNAL: dict[str, str] = {}   # the guest journal's cursor before this session's first converge
 
 

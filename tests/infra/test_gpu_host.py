@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import deploy
+from .conftest import current_release, deploy
 from .test_sandbox_host import service_state
 
-CUDA_HOME = "/opt/k26/venv/lib/python3.11/site-packages/nvidia/cu13"
+
+def cuda_home(host) -> str:
+    return f"{current_release(host)}/venv/lib/python3.11/site-packages/nvidia/cu13"
 
 
 def test_nvcc_from_the_venv_answers_its_version_as_the_service_user(host, converged):
+    CUDA_HOME = cuda_home(host)
     env = host.file("/etc/k26/gpu-host.env")
     assert env.user == "root" and env.group == "k26" and env.mode == 0o644
     assert f"CUDA_HOME={CUDA_HOME}" in env.content_string.splitlines()
@@ -21,6 +24,7 @@ def test_nvcc_from_the_venv_answers_its_version_as_the_service_user(host, conver
 
 
 def test_the_unit_reads_the_gpu_env_before_its_own(host, converged):
+    CUDA_HOME = cuda_home(host)
     lines = host.file("/etc/systemd/system/k26-ddtree.service").content_string.splitlines()
     assert lines.index("EnvironmentFile=-/etc/k26/gpu-host.env") < lines.index("EnvironmentFile=/etc/k26/k26-ddtree.env")
     pid = host.check_output("systemctl show -p MainPID --value k26-ddtree")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import deploy, guest
+from .conftest import current_release, deploy, guest
 
 API_KEY = "sandbox-demo-key"
 
@@ -25,7 +25,9 @@ def test_no_secret_in_the_play_output(converged):
 def test_unit_file(host):
     unit = host.file("/etc/systemd/system/k26-ddtree.service")
     assert unit.user == "root" and unit.group == "root" and unit.mode == 0o644
-    assert "ExecStart=/opt/k26/venv/bin/ddtree-serve" in unit.content_string
+    release = current_release(host)
+    assert re.fullmatch(r"/opt/k26/releases/[0-9a-f]{12}", release), release
+    assert f"ExecStart={release}/venv/bin/ddtree-serve" in unit.content_string
     assert "--speculative-ddtree-budget 16" in unit.content_string
     assert "User=k26" in unit.content_string and API_KEY not in unit.content_string
 
@@ -62,7 +64,7 @@ def test_smoke_completion_answered(host):
 
 
 def test_extension_importable_with_its_entry_point(host):
-    py = "/opt/k26/venv/bin/python"
+    py = f"{current_release(host)}/venv/bin/python"
     assert host.check_output(f"{py} -c 'import ddtree; print(ddtree.__version__)'") == "0.2.0"
     eps = host.check_output(f"{py} -c \"from importlib.metadata import entry_points as e; "
                             f"print([x.value for x in e(group='console_scripts', name='ddtree-serve')])\"")
@@ -95,7 +97,8 @@ def test_a_config_that_cannot_start_is_rolled_back(host, tmp_path):
     play = deploy("-e", "k26_model_path=/srv/models/broken/target", "-e", "k26_health_timeout=25", tmp=tmp_path)
     text = re.sub(r"\s+", " ", play.out)
     assert play.rc != 0
-    assert "rolled back the unit, the env file and the extension wheel" in text and "healthy again" in text, text[-3000:]
+    assert "rolled back the unit and the env files" in text and "restarted k26-ddtree" in text, text[-3000:]
+    assert "healthy again" in text, text[-3000:]
     unit = host.file("/etc/systemd/system/k26-ddtree.service").content_string
     assert "/srv/models/tiny-seed0/target" in unit and "broken" not in unit
     assert host.service("k26-ddtree").is_running

@@ -1,0 +1,91 @@
+"""testinfra: each deploy runs its own release venv; rollback and pruning never touch the healthy one.
+
+Each new release costs a venv build on the sandbox (about a minute from the local wheelhouse), so the
+release story runs as one test: a failed build, a release that fails verify, a healthy release with
+pruning, and the original release rebuilt at the end.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from .conftest import ROOT, current_release, deploy
+
+API_KEY = "sandbox-demo-key"
+
+
+def source_copy(into: Path, cli_patch: tuple[str, str] | None = None, note: str = "") -> Path:
+    """A copy of the sources the wheel is built from, changed so it builds another release."""
+    into.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, into / name)
+    shutil.copytree(ROOT / "src", into / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    cli = into / "src" / "ddtree" / "serve" / "cli.py"
+    text = cli.read_text()
+    if cli_patch:
+        assert cli_patch[0] in text, "the patch no longer applies: update the test"
+        text = text.replace(cli_patch[0], cli_patch[1], 1)
+    cli.write_text(text + f"\n# {note}\n")
+    return into
+
+
+def snapshot_of(host) -> dict[str, str]:
+    """What runs: the service's PID, the current release, its .ready record, the unit's release."""
+    unit = host.file("/etc/systemd/system/k26-ddtree.service").content_string
+    return {"pid": host.check_output("systemctl show -p MainPID --value k26-ddtree"),
+            "current": current_release(host),
+            "ready": host.check_output(f"stat -c %Y:%s {current_release(host)}/.ready"),
+            "unit_release": re.search(r"/opt/k26/releases/[0-9a-f]+", unit).group(0)}
+
+
+def releases(host) -> set[str]:
+    return set(host.check_output("ls -d /opt/k26/releases/*/").replace("/\n", "\n").rstrip("/").split())
+
+
+def answers_with_the_key(host) -> bool:
+    code = host.check_output(
+        f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {API_KEY}' "
+        f"-H 'content-type: application/json' -d '{{\"prompt\": \"hi\", \"max_tokens\": 2}}' "
+        f"http://127.0.0.1:30000/v1/completions")
+    return code == "200"
+
+
+def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
+    start = snapshot_of(host)
+    assert start["unit_release"] == start["current"]
+
+    # 1. a build that fails (no sources): nothing the service uses changed, so no restart
+    failed_build = deploy("-e", "k26_extension_source=/nonexistent", tmp=tmp_path / "a")
+    text = re.sub(r"\s+", " ", failed_build.out)
+    assert failed_build.rc != 0 and "holds no pyproject.toml" in text, text[-3000:]
+    assert "no restart needed" in text, text[-3000:]
+    assert snapshot_of(host) == start
+
+    # 2. a new release whose server cannot start: verify fails, the previous release runs again
+    broken = source_copy(tmp_path / "broken", ("def main(", "def main(*_a, **_k):\n    raise SystemExit('broken on purpose')\n\n\ndef _main("), "broken")
+    failed = deploy("-e", f"k26_extension_source={broken}", "-e", "k26_health_timeout=25", tmp=tmp_path / "b")
+    text = re.sub(r"\s+", " ", failed.out)
+    assert failed.rc != 0 and "restarted k26-ddtree" in text and "healthy again" in text, text[-3000:]
+    after = snapshot_of(host)
+    assert after["pid"] != start["pid"]                       # the failed release ran, then the old one again
+    assert {k: after[k] for k in ("current", "ready", "unit_release")} == \
+           {k: start[k] for k in ("current", "ready", "unit_release")}
+    built = releases(host) - {start["current"]}
+    assert len(built) == 1, built                             # the failed release stays, never current
+    assert answers_with_the_key(host)
+
+    # 3. a healthy new release becomes current; with keep=1 every other release is pruned
+    fine = source_copy(tmp_path / "fine", note="another release")
+    ok = deploy("-e", f"k26_extension_source={fine}", "-e", "k26_releases_keep=1", tmp=tmp_path / "c")
+    assert ok.rc == 0, ok.out[-3000:]
+    now = snapshot_of(host)
+    assert now["current"] not in {start["current"], *built} and now["unit_release"] == now["current"]
+    assert releases(host) == {now["current"]}
+    assert answers_with_the_key(host)
+
+    # 4. back to this checkout's release (built again: it was pruned)
+    back = deploy(tmp=tmp_path / "d")
+    assert back.rc == 0, back.out[-3000:]
+    assert snapshot_of(host)["current"] == start["current"]
