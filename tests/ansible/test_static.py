@@ -88,10 +88,14 @@ def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
     # the key is only in the config file (0640 root:k26 on the host), as the JSON string sglang's YAML reads
     assert "demo-api-key-replace-me" not in unit + env and 'api-key: "demo-api-key-replace-me"' in config
     for line in ("User=k26", "EnvironmentFile=/etc/k26/k26-ddtree.env", "Restart=on-failure", "TimeoutStartSec=3600",
-                 "TimeoutStopSec=600", "KillMode=mixed", "LimitMEMLOCK=infinity", "NoNewPrivileges=yes",
-                 "ProtectSystem=full", "ProtectHome=yes", "PrivateTmp=yes", "ReadWritePaths=/var/lib/k26"):
+                 "TimeoutStopSec=660", "KillMode=mixed", "LimitMEMLOCK=infinity", "NoNewPrivileges=yes",
+                 "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "ReadWritePaths=/var/lib/k26",
+                 "ProtectProc=invisible", "CapabilityBoundingSet=", "ProtectKernelModules=yes", "RestrictNamespaces=yes",
+                 "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK", "StartLimitBurst=4",
+                 "DevicePolicy=closed", "DeviceAllow=char-nvidia-frontend rw", "DeviceAllow=char-nvidia-uvm rw",
+                 "DeviceAllow=char-nvidia-caps rw"):
         assert line in unit.splitlines(), line
-    assert not any(line.startswith(("PrivateDevices", "DevicePolicy")) for line in unit.splitlines())  # GPUs reachable
+    assert not any(line.startswith("PrivateDevices") for line in unit.splitlines())  # GPUs reachable (DeviceAllow)
     assert "NCCL_NVLS_ENABLE=0" in env and "EnvironmentFile=-/etc/k26/gpu-host.env" in unit.splitlines()
     nccl = yaml.safe_load((ROOT / "inventory/production/group_vars/k26/nccl.yml").read_text())
     assert nccl["k26_pcie_ipc_allreduce"] is True and nccl["k26_nccl_p2p"] == "auto"
@@ -124,8 +128,8 @@ def test_sandbox_unit_runs_ddtree_serve(tmp_path, vault_pass):
         "--model-path /srv/models/tiny-seed0/target", "--served-model-name k26-sandbox-tiny",
         "--speculative-algorithm DDTREE", "--speculative-draft-model-path /srv/models/tiny-seed0/draft",
         "--speculative-dflash-block-size 4", "--speculative-ddtree-budget 16", "--speculative-ddtree-topk-cap 4",
-        "--cuda-graph-backend-decode disabled", "--device cpu", "--dtype float32", "--max-running-requests 32",
-        "--host 127.0.0.1", "--port 30000", "--enable-metrics", "--config /etc/k26/k26-ddtree.yaml"]
+        "--cuda-graph-backend-decode disabled", "--device cpu", "--dtype float32", "--graceful-timeout 600",
+        "--max-running-requests 32", "--host 127.0.0.1", "--port 30000", "--enable-metrics", "--config /etc/k26/k26-ddtree.yaml"]
     # the rendered flags and config file are accepted by the real ddtree-serve parser, which takes the key
     # from the file
     from ddtree.serve.cli import parse_args, parser
@@ -174,7 +178,7 @@ def preflight(tmp: Path, pair_dir: Path, overrides: dict) -> subprocess.Complete
     base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_state_dir": str(tmp / "state"),
             "k26_model_path": str(pair_dir / "target"), "k26_draft_model_path": str(pair_dir / "draft"),
             "k26_dflash_block_size": 4, "k26_port": 39999, "k26_server_kind": "reference",
-            "k26_api_key": "a-test-key-of-24-chars!!"}
+            "k26_api_key": "a-test-key-of-24-chars00"}
     base.update(overrides)
     return run([str(BIN / "ansible-playbook"), "-i", "localhost,", "tests/ansible/preflight.yml",
                 "-e", json.dumps(base)], tmp)

@@ -107,14 +107,14 @@ def test_a_config_that_cannot_start_is_rolled_back(host, tmp_path):
 
 
 def test_a_second_deploy_fails_fast_while_the_lock_is_held(host, tmp_path):
-    holder = guest("exec 9>>/run/lock/k26-deploy.lock; flock -n 9 || exit 75; "
-                   "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo \"$! test-holder\" > "
-                   "/run/lock/k26-deploy.lock.holder; echo $!").stdout.strip()
+    holder = guest("exec 9>>/run/k26-deploy/lock; flock -n 9 || exit 75; "
+                   "echo 'feed test-holder controller-pid 1 since now ttl 300' > /run/k26-deploy/holder; "
+                   "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!").stdout.strip()
     try:
         play = deploy(tmp=tmp_path)
         assert play.rc != 0
-        assert "another deploy holds /run/lock/k26-deploy.lock" in play.out and "test-holder" in play.out
+        assert "another play holds /run/k26-deploy/lock" in play.out and "test-holder" in play.out
         assert play.seconds < 60
     finally:
-        guest(f"kill {holder}; rm -f /run/lock/k26-deploy.lock.holder", check=False)
+        guest(f"kill {holder}", check=False)   # the sleep this test started
     assert deploy(tmp=tmp_path).rc == 0  # free again

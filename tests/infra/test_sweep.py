@@ -44,16 +44,16 @@ def test_sweep_writes_results_and_restores_the_original(converged, tmp_path):
 
 
 def test_sweep_fails_fast_while_the_lock_is_held(converged, tmp_path):
-    holder = guest("exec 9>>/run/lock/k26-deploy.lock; flock -n 9 || exit 75; setsid sleep 300 </dev/null "
-                   ">/dev/null 2>&1 & echo \"$! someone-else@elsewhere pid 1 since now\" > "
-                   "/run/lock/k26-deploy.lock.holder; echo $!").stdout.strip()
+    holder = guest("exec 9>>/run/k26-deploy/lock; flock -n 9 || exit 75; "
+                   "echo 'feed someone-else@elsewhere controller-pid 1 since now ttl 300' > /run/k26-deploy/holder; "
+                   "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!").stdout.strip()
     try:
         play = deploy("-e", SMALL, "-e", f"sweep_results_root={tmp_path}", tmp=tmp_path / "a",
                       playbook="playbooks/sweep.yml")
-        assert play.rc != 0 and "another deploy holds /run/lock/k26-deploy.lock" in play.out
+        assert play.rc != 0 and "another play holds /run/k26-deploy/lock" in play.out
         assert "someone-else@elsewhere" in play.out and play.seconds < 60
     finally:
-        guest(f"kill {holder}; rm -f /run/lock/k26-deploy.lock.holder", check=False)
+        guest(f"kill {holder}", check=False)   # the sleep this test started
     original_is_running()
 
 
@@ -77,7 +77,7 @@ def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
                   f"sweep_results_root={tmp_path}", tmp=tmp_path / "b", playbook="playbooks/sweep.yml")
     text = re.sub(r"\s+", " ", play.out)
     assert play.rc == 0, text[-3000:]
-    assert "End the dead run's lock holder" in text  # the killed run's lock was taken over
+    assert "Tell the dead run's holder to end" in text  # the killed run's lock was taken over
     assert "restoring the configuration an interrupted sweep left" in text
     original_is_running()
 

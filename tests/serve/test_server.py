@@ -15,7 +15,7 @@ import torch
 
 from ddtree.reference import generate, load_pair
 
-from .conftest import check_simultaneous_requests_match_the_engine, completion, start_server
+from .conftest import API_KEY, check_simultaneous_requests_match_the_engine, completion, start_server
 
 
 def engine_alone(server, text: str, max_new_tokens: int):
@@ -114,6 +114,15 @@ BAD = [
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": [1, 2, 999]}, "prompt"),
     ({"prompt": "y" * 1100}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": "x", "top_k": 10**9}, "top_k"),
+    ({"prompt": "x", "top_k": 0}, "top_k"),
+    ({"prompt": "x", "max_tokens": 10**6}, "max_tokens"),
+    ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "stop": "z" * 300}, "stop"),
+    ({"prompt": "x", "stop_token_ids": [10**6]}, "stop_token_ids"),
 ]
 
 
@@ -142,9 +151,42 @@ def test_api_key_is_required(server):
         r = c.post("/v1/completions", json={"prompt": "x"})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         assert c.get("/v1/models").status_code == 401
-        assert c.get("/health").status_code == 200  # probes need no key, as in SGLang
-    with server.client(key="wrong") as c:
-        assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 401
+        assert c.get("/health_generate").status_code == 401   # it runs a decode step: keyed
+        assert c.get("/health").status_code == 200            # liveness needs no key and does no work
+    for wrong in ("wrong", API_KEY[:-1], API_KEY + "x", ""):
+        with server.client(key=wrong or None) as c:
+            assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 401
+
+
+def test_health_is_liveness_without_a_decode_step(server):
+    def verify_calls(c) -> float:
+        line = next(x for x in c.get("/metrics").text.splitlines() if x.startswith("sglang:spec_verify_calls_total{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    with server.client(key=None) as c:
+        before = verify_calls(c)
+        assert all(c.get("/health").status_code == 200 for _ in range(20))
+        assert verify_calls(c) == before
+    with server.client() as c:
+        assert c.get("/health_generate").status_code == 200
+        assert verify_calls(c) > before
+
+
+def test_oversized_bodies_get_400_before_parsing(server):
+    big = {"prompt": "x" * (2 << 20)}
+    with server.client() as c:
+        r = c.post("/v1/completions", json=big)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+        assert "--max-request-bytes" in r.json()["error"]["message"]
+
+        def chunks():                                      # no Content-Length: read up to the limit only
+            yield b'{"prompt": "'
+            for _ in range(40):
+                yield b"y" * 65536
+            yield b'"}'
+        r = c.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "limit is" in r.json()["error"]["message"]
+        completion(c, "still fine", max_tokens=3)
 
 
 def test_sixteen_simultaneous_requests_match_the_engine_alone(server):

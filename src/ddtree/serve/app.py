@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import time
 import uuid
@@ -23,7 +24,12 @@ from ddtree.serve.metrics import ServerMetrics
 from ddtree.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingFields
 from ddtree.serve.worker import BatchStats, BatchWorker, Event, Job
 
-OPEN_PATHS = ("/health", "/health_generate", "/ready", "/metrics")  # probes need no API key
+# Probes need no API key and do no work; /health_generate runs a decode step, so it takes the key.
+OPEN_PATHS = ("/health", "/ready", "/metrics")
+MAX_STOPS = 16            # stop strings per request
+MAX_STOP_CHARS = 256      # characters per stop string
+MAX_STOP_TOKEN_IDS = 64
+RETRY_AFTER_S = 2         # what a 503 for a full queue tells the client to wait
 
 
 @dataclass
@@ -44,6 +50,8 @@ class ServerSettings:
     served_model_name: str
     context_length: int
     cuda_graph: bool = False
+    max_queued_requests: int = 256
+    max_request_bytes: int = 1 << 20
 
     def public(self) -> dict:
         out = asdict(self)
@@ -55,6 +63,81 @@ class BadRequest(Exception):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class Overloaded(Exception):
+    """The queue of waiting requests is full: 503 with Retry-After."""
+
+
+def key_matches(authorization: str, api_key: str) -> bool:
+    """`Authorization: Bearer <key>`, compared in constant time (no timing signal of a key prefix)."""
+    return hmac.compare_digest(authorization.encode(), f"Bearer {api_key}".encode())
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets 400 before any route parses it.
+
+    A declared Content-Length is checked at once; a chunked body is read up to limit + 1 bytes and
+    then replayed to the application (bodies here are small JSON documents).
+    """
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._reject(send, int(declared))
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay([message], receive), send)
+            chunks.append(message)
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+            if size > self.limit:
+                return await self._reject(send, size)
+        return await self.app(scope, _replay(chunks, receive), send)
+
+    async def _reject(self, send, size: int) -> None:
+        body = json.dumps(error_body(f"request body is {size} bytes; the limit is {self.limit} "
+                                     "(ddtree-serve --max-request-bytes): send a shorter prompt",
+                                     "invalid_request_error", 400, "body")).encode()
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(messages: list[dict], receive):
+    """The body messages already read, then the connection's own receive (a streaming response
+    listens on it for the client going away)."""
+    pending = list(messages)
+
+    async def replayed():
+        return pending.pop(0) if pending else await receive()
+    return replayed
+
+
+def check_sampling_limits(body: SamplingFields, vocab_size: int, context_length: int, max_tokens: int) -> None:
+    """Ranges the schema cannot know (vocabulary, context) and list sizes, as 400s naming the field."""
+    if body.top_k != -1 and not 1 <= body.top_k <= vocab_size:
+        raise BadRequest(f"top_k={body.top_k} is invalid: expected -1 (off) or 1..{vocab_size} (the vocabulary)",
+                         "top_k")
+    if max_tokens > context_length:
+        raise BadRequest(f"max_tokens={max_tokens} is invalid: expected at most the context length {context_length}",
+                         "max_tokens")
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise BadRequest(f"stop is invalid: expected up to {MAX_STOPS} non-empty strings of at most "
+                         f"{MAX_STOP_CHARS} characters", "stop")
+    ids = body.stop_token_ids or []
+    if len(ids) > MAX_STOP_TOKEN_IDS or any(not 0 <= t < vocab_size for t in ids):
+        raise BadRequest(f"stop_token_ids is invalid: expected up to {MAX_STOP_TOKEN_IDS} ids in [0, {vocab_size})",
+                         "stop_token_ids")
 
 
 def error_body(message: str, kind: str, code: int, param: str | None = None) -> dict:
@@ -78,11 +161,12 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
     app = FastAPI(title="ddtree-serve", version=__version__, lifespan=lifespan)
     app.state.ready = False
     app.state.draining = False
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
-        if settings.api_key and not request.url.path.startswith(OPEN_PATHS):
-            if request.headers.get("authorization", "") != f"Bearer {settings.api_key}":
+        if settings.api_key and request.url.path not in OPEN_PATHS:
+            if not key_matches(request.headers.get("authorization", ""), settings.api_key):
                 return JSONResponse(error_body("Invalid or missing API key: send 'Authorization: Bearer <key>'",
                                                "authentication_error", 401), status_code=401)
         return await call_next(request)
@@ -100,8 +184,17 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
     async def bad_request(request: Request, exc: BadRequest):
         return JSONResponse(error_body(str(exc), "invalid_request_error", 400, exc.param), status_code=400)
 
+    @app.exception_handler(Overloaded)
+    async def overloaded(request: Request, exc: Overloaded):
+        return JSONResponse(error_body(str(exc), "overloaded_error", 503), status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
     async def run(prompt: list[int], params: RequestParams, seed: int | None):
         """Submit one request to the worker and yield its events until the last one."""
+        if worker.queued >= settings.max_queued_requests:
+            metrics.num_rejected.inc()
+            raise Overloaded(f"{worker.queued} requests are waiting (--max-queued-requests "
+                             f"{settings.max_queued_requests}): retry after {RETRY_AFTER_S} s")
         job = Job(prompt=prompt, params=params, seed=seed, loop=asyncio.get_running_loop(), events=asyncio.Queue())
         metrics.prompt_tokens.inc(len(prompt))
         worker.submit(job)
@@ -116,6 +209,9 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
             job.cancelled.set()  # finished, or the client went away
 
     def request_params(body: SamplingFields, prompt: list[int], max_tokens: int) -> RequestParams:
+        if not prompt:
+            raise BadRequest("prompt is empty: send at least one character or token id", "prompt")
+        check_sampling_limits(body, tokenizer.vocab_size, settings.context_length, max_tokens)
         if len(prompt) >= settings.context_length:
             raise BadRequest(f"prompt has {len(prompt)} tokens; the context length is {settings.context_length}: "
                              "shorten the prompt", "prompt")
@@ -128,7 +224,13 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
                              temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
                              stop_token_ids=frozenset(stops | {tokenizer.eos_token_id}))
 
+    async def health():
+        """Liveness without work: the app serves and the batch worker's thread runs."""
+        ok = app.state.ready and not app.state.draining and worker.alive
+        return Response(status_code=200 if ok else 503)
+
     async def health_generate():
+        """Readiness through one decode step (takes the API key, like every route that runs the model)."""
         if not app.state.ready or app.state.draining:
             return Response(status_code=503)
         params = RequestParams(max_new_tokens=1)
@@ -141,7 +243,7 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
             return Response(status_code=503)
         return Response(status_code=200)
 
-    app.add_api_route("/health", health_generate, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/health_generate", health_generate, methods=["GET"])
 
     @app.get("/ready")
@@ -182,6 +284,8 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
             raise BadRequest("stream=true is not supported on /generate by ddtree-serve: use /v1/completions", "stream")
         if (body.text is None) == (body.input_ids is None):
             raise BadRequest("send exactly one of 'text' and 'input_ids'", "text")
+        if len(body.text if body.text is not None else body.input_ids) == 0:
+            raise BadRequest("the prompt is empty: send at least one character or token id", "text")
         prompt = tokenizer.encode(body.text) if body.text is not None else list(body.input_ids)
         sp = body.sampling_params
         params = request_params(SamplingFields(max_tokens=sp.max_new_tokens, temperature=sp.temperature,
@@ -209,6 +313,8 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
+        if len(body.prompt) == 0:  # "" would still encode to the BOS token
+            raise BadRequest("prompt is empty: send at least one character or token id", "prompt")
         prompt = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
         params = request_params(body, prompt, body.max_tokens)
         return await respond(body, prompt, params, chat=False)

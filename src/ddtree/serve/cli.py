@@ -41,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--max-running-requests", type=int, default=16)
+    ap.add_argument("--max-queued-requests", type=int, default=256,
+                    help="requests waiting for a batch slot; beyond it the server answers 503 with Retry-After")
+    ap.add_argument("--max-request-bytes", type=int, default=1 << 20,
+                    help="largest request body accepted; a larger one gets 400 before it is parsed")
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--cuda-graph-max-bs-decode", type=int, default=None,
                     help="largest decode batch captured in a CUDA graph (buckets 1, 2, 4, ... up to it; "
@@ -94,7 +98,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error(f"--speculative-algorithm {args.speculative_algorithm} needs --speculative-draft-model-path DIR "
                  "(or use --speculative-algorithm NONE)")
     for flag in ("speculative_ddtree_budget", "speculative_ddtree_topk_cap", "max_running_requests",
-                 "cuda_graph_max_bs_decode"):
+                 "cuda_graph_max_bs_decode", "max_queued_requests", "max_request_bytes"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             ap.error(f"--{flag.replace('_', '-')} {value} is invalid: expected an integer >= 1")
@@ -138,8 +142,8 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
         speculative_algorithm=args.speculative_algorithm, budget=decoder.budget, topk_cap=decoder.topk_cap,
         block_size=block, host=args.host, port=args.port, api_key=args.api_key,
         enable_metrics=args.enable_metrics, device=args.device, dtype=args.dtype,
-        max_running_requests=args.max_running_requests,
-        served_model_name=args.served_model_name or args.model_path,
+        max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
+        max_request_bytes=args.max_request_bytes, served_model_name=args.served_model_name or args.model_path,
         context_length=target.config.max_position_embeddings, cuda_graph=graphs)
     return decoder, settings
 

@@ -26,6 +26,8 @@ class ServerMetrics:
         self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens")
         self.num_running = gauge("sglang:num_running_reqs", "Requests in the running batch")
         self.num_queue = gauge("sglang:num_queue_reqs", "Requests waiting for a batch")
+        self.num_rejected = counter("ddtree:queue_full_rejections",
+                                    "Requests answered 503 because --max-queued-requests were waiting")
         self.is_cuda_graph = gauge("sglang:is_cuda_graph", "1 when decoding replays CUDA graphs")
         self.e2e_latency = Histogram("sglang:e2e_request_latency_seconds", "Request latency", labels,
                                      registry=self.registry).labels(**self.labels)

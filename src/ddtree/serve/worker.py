@@ -33,8 +33,10 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
+    streamed: bool = False              # a token reached the client (set by the worker thread)
 
     def push(self, event: Event) -> None:
+        self.streamed = self.streamed or bool(event.tokens)
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
@@ -58,6 +60,10 @@ class BatchWorker:
     @property
     def queued(self) -> int:
         return self._queue.qsize()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def start(self) -> None:
         self._thread.start()
@@ -95,13 +101,29 @@ class BatchWorker:
                 continue
             self.running = len(live)
             try:
-                self._decode(live)
-            except Exception as err:  # noqa: BLE001 - one bad batch must not kill the worker
-                log.exception("batch of %d requests failed", len(live))
-                for job in live:
-                    job.push(Event(error=f"{type(err).__name__}: {err}"))
+                self._decode_isolated(live)
             finally:
                 self.running = 0
+
+    def _decode_isolated(self, jobs: list[Job]) -> None:
+        """Decode a batch; when it fails, the requests that had received no token yet are decoded again
+        one by one, so a request that fails fails alone. One that had already streamed tokens gets the
+        error (its tokens cannot be taken back)."""
+        try:
+            self._decode(jobs)
+            return
+        except Exception as err:  # noqa: BLE001 - one bad request must not fail its batch or the worker
+            log.exception("batch of %d requests failed", len(jobs))
+            if len(jobs) == 1:
+                jobs[0].push(Event(error=f"{type(err).__name__}: {err}"))
+                return
+            retry = [j for j in jobs if not j.streamed]
+            for job in jobs:
+                if job.streamed:
+                    job.push(Event(error=f"{type(err).__name__}: {err}"))
+        for job in retry:
+            if not job.cancelled.is_set():
+                self._decode_isolated([job])
 
     def _decode(self, jobs: list[Job]) -> None:
         seeds = {j.seed for j in jobs}
