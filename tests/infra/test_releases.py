@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 from .conftest import ROOT, current_release, deploy
@@ -55,6 +56,7 @@ def answers_with_the_key(host) -> bool:
 def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
     start = snapshot_of(host)
     assert start["unit_release"] == start["current"]
+    present = releases(host)
 
     # 1. a build that fails (no sources): nothing the service uses changed, so no restart
     failed_build = deploy("-e", "k26_extension_source=/nonexistent", tmp=tmp_path / "a")
@@ -64,7 +66,8 @@ def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
     assert snapshot_of(host) == start
 
     # 2. a new release whose server cannot start: verify fails, the previous release runs again
-    broken = source_copy(tmp_path / "broken", ("def main(", "def main(*_a, **_k):\n    raise SystemExit('broken on purpose')\n\n\ndef _main("), "broken")
+    stub = "def main(*_a, **_k):\n    raise SystemExit('broken on purpose')\n\n\ndef _main("
+    broken = source_copy(tmp_path / "broken", ("def main(", stub), f"broken {uuid.uuid4()}")
     failed = deploy("-e", f"k26_extension_source={broken}", "-e", "k26_health_timeout=25", tmp=tmp_path / "b")
     text = re.sub(r"\s+", " ", failed.out)
     assert failed.rc != 0 and "restarted k26-ddtree" in text and "healthy again" in text, text[-3000:]
@@ -72,16 +75,16 @@ def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
     assert after["pid"] != start["pid"]                       # the failed release ran, then the old one again
     assert {k: after[k] for k in ("current", "ready", "unit_release")} == \
            {k: start[k] for k in ("current", "ready", "unit_release")}
-    built = releases(host) - {start["current"]}
-    assert len(built) == 1, built                             # the failed release stays, never current
+    built = releases(host) - present
+    assert len(built) == 1 and start["current"] in releases(host), built   # the failed release stays, not current
     assert answers_with_the_key(host)
 
     # 3. a healthy new release becomes current; with keep=1 every other release is pruned
-    fine = source_copy(tmp_path / "fine", note="another release")
+    fine = source_copy(tmp_path / "fine", note=f"another release {uuid.uuid4()}")   # a new release every run
     ok = deploy("-e", f"k26_extension_source={fine}", "-e", "k26_releases_keep=1", tmp=tmp_path / "c")
     assert ok.rc == 0, ok.out[-3000:]
     now = snapshot_of(host)
-    assert now["current"] not in {start["current"], *built} and now["unit_release"] == now["current"]
+    assert now["current"] not in present | built and now["unit_release"] == now["current"]
     assert releases(host) == {now["current"]}
     assert answers_with_the_key(host)
 

@@ -1,0 +1,80 @@
+"""testinfra: malformed settings change nothing, the unit quotes what it renders, the unit's exposure."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+from .conftest import SANDBOX, deploy, guest
+from .test_sandbox_host import service_state
+
+# 24 malformed values across string, number, list and map variables, given to one deploy
+MALFORMED = {
+    "k26_host": "0.0.0.0 --api-key ''", "k26_port": "30000 --x", "k26_model_path": "/srv/m --trust-remote-code",
+    "k26_draft_model_path": "relative/draft", "k26_served_model_name": "name with spaces",
+    "k26_speculative_algorithm": "EAGLE", "k26_ddtree_budget": "16;", "k26_ddtree_topk_cap": -4,
+    "k26_dflash_block_size": 1, "k26_cuda_graph": "maybe", "k26_cuda_graph_max_bs": 0,
+    "k26_max_running_requests": "many", "k26_reference_dtype": "int4", "k26_reference_device": "cpu --x",
+    "k26_user": "Root", "k26_state_dir": "/var/lib/k26\nReadWritePaths=/", "k26_timeout_stop_sec": 5,
+    "k26_restart_sec": "1s", "k26_extra_args": ["--ok", "--evil $(id)"], "k26_service_env": {"A B": "1"},
+    "k26_min_driver_version": "latest", "k26_nccl_p2p": "sometimes", "k26_health_timeout": "forever",
+    "k26_releases_keep": 0,
+}
+
+
+def test_malformed_values_are_all_named_before_the_lock_and_change_nothing(host, converged, tmp_path):
+    assert len(MALFORMED) >= 20
+    before = service_state(host)
+    play = deploy("-e", json.dumps(MALFORMED), tmp=tmp_path)
+    text = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0
+    for name in MALFORMED:
+        assert f"{name}=" in text and "is invalid" in text, name
+    assert "Take the host deploy lock" not in play.out
+    assert service_state(host) == before
+
+
+def test_a_value_past_preflight_is_still_one_word_on_the_command_line(tmp_path, converged):
+    # the second wall: render (no preflight) a unit whose values would add flags if not quoted, load
+    # it under another name and read the argv systemd parsed
+    out = tmp_path / "render"
+    out.mkdir()
+    evil = {"k26_host": "0.0.0.0 --api-key x", "k26_served_model_name": 'a"b $HOME %n',
+            "k26_extra_args": ["--flag value; --other"], "k26_venv": "/opt/k26/current/venv"}
+    render = deploy("-e", f"k26_render_dir={out}", "-e", json.dumps(evil), tmp=tmp_path / "r",
+                    playbook="tests/ansible/render.yml")
+    assert render.rc == 0, render.out[-2000:]
+    unit = (out / "sandbox.service").read_text()
+    path = "/run/systemd/system/k26-quoting-test.service"   # runtime unit: gone at reboot, never started
+    subprocess.run(["ssh", "-F", str(SANDBOX / "ssh_config"), "k26-sandbox", f"cat > {path} && systemctl daemon-reload"],
+                   input=unit, text=True, check=True, timeout=60)
+    try:
+        shown = guest("systemctl show -p ExecStart --value k26-quoting-test.service").stdout
+        argv = re.search(r"argv\[\]=(.*?) ;", shown).group(1)
+        assert "--host 0.0.0.0 --api-key x --port" in argv      # one argument, spaces inside
+        assert argv.count("--api-key") == 1 and "--other" in argv and " ; " not in argv
+        assert 'a"b $HOME %n' in argv                           # no expansion, no specifier
+    finally:
+        guest(f"rm -f {path} && systemctl daemon-reload", check=False)
+
+
+def test_the_unit_exposure_is_printed_and_at_most_4(converged):
+    first = converged[0].out
+    found = re.search(r"systemd-analyze security k26-ddtree.service: exposure ([0-9.]+) \(at most 4.0\)", first)
+    assert found, first[-3000:]
+    assert float(found.group(1)) <= 4.0
+    live = guest("systemd-analyze security --no-pager k26-ddtree.service | tail -1").stdout
+    assert float(re.search(r"([0-9.]+)", live.split(":")[-1]).group(1)) <= 4.0, live
+
+
+def test_the_hardened_service_writes_only_its_state_dir(host, converged):
+    unit = host.file("/etc/systemd/system/k26-ddtree.service").content_string
+    for line in ("ProtectSystem=strict", "ProtectProc=invisible", "DevicePolicy=closed", "CapabilityBoundingSet="):
+        assert line in unit.splitlines()
+    pid = host.check_output("systemctl show -p MainPID --value k26-ddtree")
+    inside = f"nsenter -t {pid} -m --"                      # the service's own mount namespace, as root
+    assert guest(f"{inside} touch /var/lib/k26/.k26-rw-test && rm /var/lib/k26/.k26-rw-test", check=False).returncode == 0
+    for path in ("/opt/k26/.k26-ro-test", "/etc/.k26-ro-test", "/usr/.k26-ro-test"):
+        denied = guest(f"{inside} touch {path} 2>&1", check=False)
+        assert denied.returncode != 0 and "Read-only file system" in denied.stdout, (path, denied.stdout)
