@@ -9,4 +9,4 @@ from ddtree.tree import DraftTree, build_tree
 from ddtree.verify import Verdict, verify_tree
 
 __all__ = ["DraftTree", "Verdict", "build_tree", "verify_tree"]
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -29,6 +29,7 @@ def test_the_lock_folder_is_root_only(host, converged):
 def test_a_planted_holder_and_a_users_lock_block_nothing_and_get_nothing_killed(host, converged, tmp_path):
     # a process of root's that a planted holder file names, and a lock held by an unprivileged user at
     # the old world-writable place: the deploy must neither wait for them nor signal either
+    guest("rm -f /run/lock/k26-deploy.lock /run/lock/k26-deploy.lock.holder")   # left by releases before 0.3.0
     victim = guest("setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!").stdout.strip()
     squatter = guest("runuser -u nobody -- bash -c 'exec 9>>/run/lock/k26-deploy.lock; flock -n 9 || exit 75; "
                      "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!'").stdout.strip()

@@ -65,7 +65,7 @@ def test_smoke_completion_answered(host):
 
 def test_extension_importable_with_its_entry_point(host):
     py = f"{current_release(host)}/venv/bin/python"
-    assert host.check_output(f"{py} -c 'import ddtree; print(ddtree.__version__)'") == "0.2.0"
+    assert host.check_output(f"{py} -c 'import ddtree; print(ddtree.__version__)'") == "0.3.0"
     eps = host.check_output(f"{py} -c \"from importlib.metadata import entry_points as e; "
                             f"print([x.value for x in e(group='console_scripts', name='ddtree-serve')])\"")
     assert "ddtree.serve.cli:main" in eps

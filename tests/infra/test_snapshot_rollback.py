@@ -40,7 +40,7 @@ def test_snapshot_commits_and_tags_the_healthy_state(repo, tmp_path):
     files = set(git(repo, "ls-tree", "-r", "--name-only", "base-16").split())
     for name in ("k26-ddtree.service", "k26-ddtree.env.redacted", "pip-freeze.txt", "sglang-version.txt",
                  "manifest.json", "model-config.json", "draft-config.json", "wheel.sha256",
-                 "wheel/k26_ddtree-0.2.0-py3-none-any.whl", "wheel-src/ddtree/tree.py"):
+                 "wheel/k26_ddtree-0.3.0-py3-none-any.whl", "wheel-src/ddtree/tree.py"):
         assert f"sandbox/{name}" in files, name
     manifest = json.loads(git(repo, "show", "base-16:sandbox/manifest.json"))
     assert manifest["healthy"] is True and manifest["settings"]["ddtree_budget"] == 16
