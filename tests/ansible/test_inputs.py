@@ -53,6 +53,11 @@ MALFORMED = [
     ("k26_api_key", "key with spaces 1234", "expected up to 256 characters"),
     ("k26_nccl_p2p", "maybe", "expected auto, true or false"),
     ("k26_min_driver_version", "R580", "expected a version"),
+    ("k26_verify_host", "127.0.0.1; curl x", "expected an IPv4 or IPv6 address"),
+    ("k26_smoke_prompt", "line one\nline two", "printable characters on one line"),
+    ("k26_smoke_prompt", "", "printable characters on one line"),
+    ("k26_lock_ttl", "2h", "expected an integer 1..604800"),
+    ("k26_max_exposure", "low", "expected a number 0..10"),
 ]
 
 

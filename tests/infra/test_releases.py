@@ -1,8 +1,8 @@
 """testinfra: each deploy runs its own release venv; rollback and pruning never touch the healthy one.
 
-Each new release costs a venv build on the sandbox (about a minute from the local wheelhouse), so the
-release story runs as one test: a failed build, a release that fails verify, a healthy release with
-pruning, and the original release rebuilt at the end.
+Each new release costs a venv build on the sandbox (about 20 s from the local wheelhouse without
+bytecode), so the release story runs as one test: a failed build, a release that fails its smoke, a
+healthy release with pruning, and the original release rebuilt at the end.
 """
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ from .conftest import ROOT, current_release, deploy
 API_KEY = "sandbox-demo-key"
 
 
-def source_copy(into: Path, cli_patch: tuple[str, str] | None = None, note: str = "") -> Path:
+def source_copy(into: Path, app_patch: tuple[str, str] | None = None, note: str = "") -> Path:
     """A copy of the sources the wheel is built from, changed so it builds another release."""
     into.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, into / name)
     shutil.copytree(ROOT / "src", into / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    cli = into / "src" / "ddtree" / "serve" / "cli.py"
-    text = cli.read_text()
-    if cli_patch:
-        assert cli_patch[0] in text, "the patch no longer applies: update the test"
-        text = text.replace(cli_patch[0], cli_patch[1], 1)
-    cli.write_text(text + f"\n# {note}\n")
+    app = into / "src" / "ddtree" / "serve" / "app.py"
+    text = app.read_text()
+    if app_patch:
+        assert app_patch[0] in text, "the patch no longer applies: update the test"
+        text = text.replace(app_patch[0], app_patch[1], 1)
+    app.write_text(text + f"\n# {note}\n")
     return into
 
 
@@ -65,12 +65,15 @@ def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
     assert "no restart needed" in text, text[-3000:]
     assert snapshot_of(host) == start
 
-    # 2. a new release whose server cannot start: verify fails, the previous release runs again
-    stub = "def main(*_a, **_k):\n    raise SystemExit('broken on purpose')\n\n\ndef _main("
-    broken = source_copy(tmp_path / "broken", ("def main(", stub), f"broken {uuid.uuid4()}")
-    failed = deploy("-e", f"k26_extension_source={broken}", "-e", "k26_health_timeout=25", tmp=tmp_path / "b")
+    # 2. a new release that starts and is healthy but fails the smoke (chat completions answer 500):
+    #    the previous release runs again, with its unit, env files and key
+    route = "    async def chat_completions(body: ChatCompletionRequest):\n"
+    broken = source_copy(tmp_path / "broken", (route, route + "        raise RuntimeError('broken on purpose')\n"),
+                         f"broken {uuid.uuid4()}")
+    failed = deploy("-e", f"k26_extension_source={broken}", tmp=tmp_path / "b")
     text = re.sub(r"\s+", " ", failed.out)
-    assert failed.rc != 0 and "restarted k26-ddtree" in text and "healthy again" in text, text[-3000:]
+    assert failed.rc != 0 and "Send smoke chat completions" in text, text[-3000:]
+    assert "restarted k26-ddtree" in text and "healthy again" in text, text[-3000:]
     after = snapshot_of(host)
     assert after["pid"] != start["pid"]                       # the failed release ran, then the old one again
     assert {k: after[k] for k in ("current", "ready", "unit_release")} == \

@@ -43,6 +43,26 @@ def _range(rule: Mapping) -> str:
     return f"{rule.get('min', 0)}..{rule['max']}" if "max" in rule else f">= {rule.get('min', 0)}"
 
 
+def _number(value, rule: Mapping) -> str | None:
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = None
+    if isinstance(value, bool) or number is None or number != number:
+        return f"expected a number {_range(rule)}"
+    if number < rule.get("min", float("-inf")) or number > rule.get("max", float("inf")):
+        return f"expected a number {_range(rule)}"
+    return None
+
+
+def _text(value, rule: Mapping) -> str | None:
+    """Free text passed as one argument (never through a shell): printable, one line, bounded."""
+    limit = rule.get("max_chars", 1000)
+    if not isinstance(value, str) or not value.strip() or len(value) > limit or not value.isprintable():
+        return f"expected 1..{limit} printable characters on one line"
+    return None
+
+
 def _bool(value, rule: Mapping) -> str | None:
     if isinstance(value, bool) or str(value).strip().lower() in BOOLS:
         return None
@@ -123,7 +143,7 @@ def _api_key(value, rule: Mapping) -> str | None:
 
 
 CHECKS: dict[str, Callable] = {
-    "int": _int, "bool": _bool, "path": _path, "host": _host, "choice": _choice, "args": _args, "env": _env,
+    "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "choice": _choice, "args": _args, "env": _env,
     "api_key": _api_key,
     "model_name": _pattern(MODEL_NAME, "1-128 characters of letters, digits and ._:/- starting with a letter or digit"),
     "unix_name": _pattern(UNIX_NAME, "a user or group name (a-z, 0-9, _ and -, starting with a letter or _)"),
