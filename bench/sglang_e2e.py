@@ -15,6 +15,13 @@ batch 8 (8 in flight), temperature 0 and 0.7 (top-p 0.9, top-k 50), the held-out
 spec_verify_ct), client step time (batch 1: request latency / (verify steps + 1)), and at
 temperature 0 how many outputs equal NONE's. Writes OUT/results.json, OUT/table.md and
 OUT/tokens_per_s.png; prints the table.
+
+Where the time goes: `--profile NAME,...` adds, for each DDTREE configuration named, a second
+server with the worker's step profiler on (ddtree.sglang.profile: every stage timed with a device
+synchronisation after it, so it runs slower and is kept out of the speed table), measured at each
+batch size at temperature 0; its medians per stage go to OUT/profile.md. `--trace NAME,...` takes
+SGLang's own torch-profiler trace (CPU + GPU, /start_profile) of a few steps of one request on
+those servers (any algorithm) into OUT/traces/.
 """
 
 from __future__ import annotations
@@ -111,6 +118,35 @@ def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers
                step_ms=step_ms, equal_to_none=equal, requests=len(answers))
 
 
+@dataclass
+class ProfileRow:
+    config: str
+    batch: int
+    steps: int
+    stages: dict[str, tuple[float, float]]      # median ms (host, total) per stage
+
+
+def profile_rows(server: servers.Server, prompts: list[list[int]], batches: list[int],
+                 max_new_tokens: int) -> list[ProfileRow]:
+    """Drive a profiled server at each batch size (temperature 0) and read its last line per batch size."""
+    from ddtree.sglang.profile import parse_profile_lines
+
+    for batch in batches:
+        measure(server, prompts, batch, 0.0, max_new_tokens)
+    last = {p.batch_size: p for p in parse_profile_lines(server.log_text())}
+    name = server.config.name.removesuffix(servers.PROFILE_SUFFIX)
+    return [ProfileRow(name, b, last[b].steps, last[b].stages) for b in batches if b in last]
+
+
+def profile_table(rows: list[ProfileRow]) -> str:
+    stages = list(dict.fromkeys(s for r in rows for s in r.stages))
+    out = ["| configuration | batch | " + " | ".join(stages) + " |", "|---|---|" + "---|" * len(stages)]
+    for r in rows:
+        cells = [f"{r.stages[s][0]:.3f} / {r.stages[s][1]:.3f}" if s in r.stages else "" for s in stages]
+        out.append(f"| {r.config} | {r.batch} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def table(rows: list[Row]) -> str:
     out = ["| configuration | batch | T | tokens/s | accept length | tokens / verify step | step ms (batch 1) | "
            "T=0 equal to NONE |", "|---|---|---|---|---|---|---|---|"]
@@ -161,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--temperatures", default="0,0.7")
     ap.add_argument("--configs", default="", help="comma list of configuration names (default: the full matrix)")
     ap.add_argument("--quick", action="store_true", help="NONE, DFLASH, DDTREE b32 c8 and b64 c8 only")
+    ap.add_argument("--profile", default="", help="DDTREE configurations to profile per stage (a second server each)")
+    ap.add_argument("--trace", default="", help="configurations to take a torch-profiler trace of")
     ap.add_argument("--start-timeout", type=float, default=900)
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -171,10 +209,13 @@ def main(argv=None) -> int:
                else configurations(args.quick))
     batches = [int(b) for b in args.batches.split(",")]
     temps = [float(t) for t in args.temperatures.split(",")]
+    profiled = [n + servers.PROFILE_SUFFIX for n in args.profile.split(",") if n]
+    traced = [n for n in args.trace.split(",") if n]
     fleet = servers.Fleet(Path(args.pair), out / "logs")
     rows: list[Row] = []
+    prows: list[ProfileRow] = []
     try:
-        ready = fleet.start([c.name for c in configs], timeout=args.start_timeout)
+        ready = fleet.start([c.name for c in configs] + profiled, timeout=args.start_timeout)
         for name, ok in ready.items():
             if not ok:
                 print(f"{name} did not start: {fleet.servers[name].exit_message()}", flush=True)
@@ -192,8 +233,20 @@ def main(argv=None) -> int:
                     rows.append(summarize(cfg, batch, temp, answers, wall, lat, reference))
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
                     (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        for name in profiled:
+            if ready.get(name):
+                prows += profile_rows(fleet.servers[name], prompts, batches, args.max_new_tokens)
+                print(profile_table(prows), flush=True)
+        for name in traced:
+            if ready.get(name):
+                files = fleet.servers[name].torch_trace(out / "traces" / name, prompts[-1],
+                                                        servers.greedy(128), steps=16)
+                print(f"{name}: trace files {[f.name for f in files]}", flush=True)
     finally:
         fleet.stop_all()
+    if prows:
+        (out / "profile.md").write_text(profile_table(prows) + "\n")
+        (out / "profile.json").write_text(json.dumps([asdict(r) for r in prows], indent=1))
     text = table(rows)
     (out / "table.md").write_text(text + "\n")
     print(text)

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 GRAPH_MAX_BS = 8
@@ -32,6 +32,7 @@ class ServerConfig:
     cap: int | None = None
     graphs: bool = True
     extra: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()    # added to the server's environment
 
     def args(self, pair: Path, port: int) -> list[str]:
         a = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--attention-backend", "triton",
@@ -53,8 +54,16 @@ def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
     return ServerConfig(f"ddtree-b{budget}-c{cap}-{'graphs' if graphs else 'eager'}", "DDTREE", budget, cap, graphs)
 
 
+PROFILE_SUFFIX = "-profile"
+PROFILE_STEPS = 40      # decode steps per logged line of a profiled server (ddtree.sglang.profile)
+
+
 def config(name: str) -> ServerConfig:
-    """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>."""
+    """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>; a DDTREE name
+    ending in -profile is that configuration with the worker's step profiler on."""
+    if name.endswith(PROFILE_SUFFIX) and name.startswith("ddtree-"):
+        base = config(name[: -len(PROFILE_SUFFIX)])
+        return replace(base, name=name, env=(("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),))
     if name in CONFIGS:
         return CONFIGS[name]
     parts = name.split("-")
@@ -95,7 +104,7 @@ class Server:
         with open(self.log, "w") as out:
             # a session of its own: stop() ends the server's process group (scheduler, detokenizer) by PID
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env=os.environ.copy())
+                                         env={**os.environ, **dict(self.config.env)})
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -147,6 +156,21 @@ class Server:
         """One request per prompt, `concurrency` in flight at a time (1 = one after another)."""
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(lambda p: self.generate(p, sampling), prompts))
+
+    def torch_trace(self, outdir: Path, prompt: list[int], sampling: dict, steps: int) -> list[Path]:
+        """SGLang's own torch-profiler trace (/start_profile, CPU + GPU) of the next `steps` forward steps,
+        driven by one request; returns the trace files written under outdir."""
+        outdir.mkdir(parents=True, exist_ok=True)
+        body = {"output_dir": str(outdir), "num_steps": steps, "activities": ["CPU", "GPU"]}
+        req = urllib.request.Request(f"{self.url}/start_profile", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+        self.generate(prompt, sampling)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(outdir.rglob("*.json*")):
+            time.sleep(1)
+        return sorted(outdir.rglob("*.json*"))
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:

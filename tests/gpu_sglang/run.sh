@@ -45,7 +45,8 @@ echo "[run] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
 # what comes back through the device tool's $OUT (at most 8 files): the table, the results, the logs
 if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUTDIR" ]; then
   cp "$OUTDIR"/results.md "$OUTDIR"/results.json "$OUTDIR"/table.md "$OUTDIR"/tokens_per_s.png "$OUT"/ 2>/dev/null
-  tar czf "$OUT/logs.tgz" -C "$OUTDIR" logs 2>/dev/null
+  cp "$OUTDIR"/profile.md "$OUTDIR"/profile.json "$OUT"/ 2>/dev/null
+  tar czf "$OUT/logs.tgz" -C "$OUTDIR" logs $(cd "$OUTDIR" && ls -d traces 2>/dev/null) 2>/dev/null
   if [ "${PACK:-0}" = 1 ]; then
     tar czf - -C "$WORK" pair | split -b 15M - "$OUT/pair.tgz.part"
     (cd "$HOME" && tar czf - $(ls -d .triton .cache/flashinfer .cache/tvm-ffi .cache/sglang 2>/dev/null)) > "$WORK/jit.tgz"

@@ -4,16 +4,18 @@ A subclass of 0.5.23's DFlashWorkerV2; no file of SGLang is patched. Prefill and
 the parent's (the target's prefill, its hidden states into the draft's KV, the first token from
 SGLang's own sampler). A decode step is this module's, one method per stage:
 
+  _ddtree_window      the request's N reserved KV slots this step writes, and SGLang's plan of them
   _ddtree_draft       the DFlash draft over its own block (bonus token + mask tokens, positions
                       prefix .. prefix + block - 1) in the draft's CUDA graph when one fits; the
                       DraftCandidateHead, folded into that graph, turns the hidden states at
                       depths 1..L into the top-K candidates per depth (TP: per-shard top-K and
                       log-normaliser, one all-gather)
   _ddtree_tree        build_tree_from_candidates -> DraftTree of width N = budget + 1
-  _ddtree_verify      one TARGET_VERIFY pass of N tokens per request: the tree's tokens at
-                      positions prefix + depth, the FULL_MASK custom mask (each node sees the
-                      prefix, its ancestors and itself), K/V written to the request's reserved
-                      window req_to_token[prefix : prefix + N]; CUDA graphs captured at width N
+  _ddtree_verify_batch  the target's TARGET_VERIFY batch of N tokens per request: the tree's
+                      tokens at positions prefix + depth, the FULL_MASK custom mask (each node sees
+                      the prefix, its ancestors and itself), K/V written to the request's reserved
+                      window req_to_token[prefix : prefix + N]
+  _ddtree_verify      that one pass (CUDA graphs captured at width N)
   _ddtree_verdict     the target's token at every node (argmax, or one sample of the processed
                       distribution: temperature, top-k, top-p, min-p, logit bias), rank 0's for
                       every rank, then the walk from the root -> Verdict
@@ -21,6 +23,9 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
                       no K/V moves), the draft's context extended with the target hidden states of
                       the path; tokens [bs, block] for the scheduler (stride = block size, at most
                       L + 1 = block tokens a step), commit lengths, the next root
+
+SGLANG_DDTREE_PROFILE_STEPS=N times each stage (profile.py; off by default, a diagnostics mode
+that synchronises the device after every stage).
 
 Sizing (see settings.py): SGLang's speculative_num_draft_tokens is N = budget + 1 on a DDTREE
 server; DFlashWorkerV2.__init__ takes that as its block size, so the worker restores the draft's
@@ -42,6 +47,7 @@ import torch
 
 from ddtree.sglang.glue import commit_plan, full_mask, rewrite_req_to_token, sampling_params_from_sglang, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
+from ddtree.sglang.profile import OFF, StepProfiler
 from ddtree.sglang.settings import DDTreeConfigError, DDTreeSettings
 from ddtree.tree import DraftTree, build_tree_from_candidates, candidate_count
 from ddtree.verify import SamplingParams, accept_path, node_targets
@@ -87,6 +93,7 @@ def make_worker_class():
             if problem:
                 raise DDTreeConfigError(problem)
             self._ddtree_head = DraftCandidateHead(self._ddtree_head_shard(), self._ddtree_k(), block, max_bs=0)
+            self._ddtree_prof = StepProfiler.from_env(torch.cuda.synchronize) or OFF
 
         # --- set-up -------------------------------------------------------------------------
 
@@ -178,12 +185,24 @@ def make_worker_class():
                 raise RuntimeError("DDTREE decode expected the DFlashDraftInputV2 its prefill left on the batch, "
                                    f"got {type(draft_input).__name__}")
             prefix_lens = batch.seq_lens                                               # int64 [bs] committed
-            window = self._ddtree_window(batch, draft_input, prefix_lens)
-            cand = self._ddtree_draft(batch, draft_input, prefix_lens, window)
-            tree = self._ddtree_tree(cand, draft_input.bonus_tokens.view(-1))
-            target_out = self._ddtree_verify(batch, draft_input, tree, prefix_lens, window)
-            verdict = self._ddtree_verdict(batch, tree, target_out.logits_output)
-            return self._ddtree_commit(batch, verdict, prefix_lens, window, target_out, on_publish)
+            prof = self._ddtree_prof                                                   # OFF unless profiling
+            prof.begin(int(prefix_lens.shape[0]))
+            with prof.stage("window"):
+                window = self._ddtree_window(batch, draft_input, prefix_lens)
+            with prof.stage("draft"):
+                cand = self._ddtree_draft(batch, draft_input, prefix_lens, window)
+            with prof.stage("tree"):
+                tree = self._ddtree_tree(cand, draft_input.bonus_tokens.view(-1))
+            with prof.stage("verify_inputs"):
+                verify_batch = self._ddtree_verify_batch(batch, draft_input, tree, prefix_lens, window)
+            with prof.stage("verify"):
+                target_out = self._ddtree_verify(verify_batch)
+            with prof.stage("verdict"):
+                verdict = self._ddtree_verdict(batch, tree, target_out.logits_output)
+            with prof.stage("commit"):
+                result = self._ddtree_commit(batch, verdict, prefix_lens, window, target_out, on_publish)
+            prof.end()
+            return result
 
         def _ddtree_window(self, batch, draft_input, prefix_lens: torch.Tensor) -> StepWindow:
             """The step's N reserved slots per request and their KV plan (read extent N)."""
@@ -249,8 +268,9 @@ def make_worker_class():
         def _ddtree_tree(self, cand, roots: torch.Tensor) -> DraftTree:
             return build_tree_from_candidates(cand, roots, self._ddtree.budget)
 
-        def _ddtree_verify(self, batch, draft_input, tree: DraftTree, prefix_lens: torch.Tensor, window: StepWindow):
-            """One target pass over the N tree nodes of every request (TARGET_VERIFY, custom mask)."""
+        def _ddtree_verify_batch(self, batch, draft_input, tree: DraftTree, prefix_lens: torch.Tensor,
+                                 window: StepWindow):
+            """The target's TARGET_VERIFY ForwardBatch over the N tree nodes of every request (custom mask)."""
             bs, n = tree.tokens.shape
             committed_cpu, _ = self._ddtree_host_lens(batch, draft_input, 0)
             mask_len = n * (int(committed_cpu.sum()) + bs * n)                       # sum_b N * (prefix_b + N)
@@ -265,10 +285,14 @@ def make_worker_class():
                 forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
             finally:
                 batch.seq_lens_cpu, batch.seq_lens_sum = saved
+            return forward_batch
+
+        def _ddtree_verify(self, forward_batch):
+            """One target pass over the tree nodes (the captured graph of width N when one fits)."""
             out = self.target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch,
                                                               is_verify=True, skip_attn_backend_init=True)
             if self.target_worker.model_runner.decode_cuda_graph_runner is not None and not out.can_run_cuda_graph:
-                self._ddtree_note_eager("verify", bs)
+                self._ddtree_note_eager("verify", forward_batch.batch_size)
             return out
 
         def _ddtree_note_eager(self, stage: str, bs: int) -> None:
