@@ -49,6 +49,7 @@ class Row:
     algorithm: str
     budget: int | None
     cap: int | None
+    block: int                      # the draft's block size (8, or 16 for the -k16 configurations)
     batch: int
     temperature: float
     tokens_per_s: float
@@ -59,16 +60,25 @@ class Row:
     requests: int
 
 
-def configurations(quick: bool) -> list[servers.ServerConfig]:
+K16 = ("dflash-k16", "ddtree-b16-c8-graphs-k16", "ddtree-b32-c8-graphs-k16", "ddtree-b64-c8-graphs-k16",
+       "ddtree-b128-c8-graphs-k16", "ddtree-b64-c64-graphs-k16", "ddtree-b128-c128-graphs-k16")
+
+
+def configurations(quick: bool, k16: bool) -> list[servers.ServerConfig]:
+    extra = [servers.config(n) for n in K16] if k16 else []
     if quick:
-        return [servers.NONE, servers.DFLASH, servers.ddtree(32, 8), servers.ddtree(64, 8)]
+        return [servers.NONE, servers.DFLASH, servers.ddtree(32, 8), servers.ddtree(64, 8), *extra]
     trees = []
     for b in BUDGETS:
         for cap in CAPS:
             c = b if cap == "budget" else int(cap)
             if c <= b and servers.ddtree(b, c).name not in {t.name for t in trees}:
                 trees.append(servers.ddtree(b, c))
-    return [servers.NONE, servers.DFLASH, *trees]
+    return [servers.NONE, servers.DFLASH, *trees, *extra]
+
+
+def block_of(cfg: servers.ServerConfig) -> int:
+    return 16 if cfg.draft == "draft16" else 8
 
 
 def measure(server: servers.Server, prompts: list[list[int]], batch: int, temperature: float,
@@ -111,7 +121,8 @@ def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers
     if none_outputs is not None:
         same = sum(a["output_ids"] == n for a, n in zip(answers, none_outputs))
         equal = f"{same}/{len(answers)}"
-    return Row(config=cfg.name, algorithm=cfg.algorithm, budget=cfg.budget, cap=cfg.cap, batch=batch,
+    return Row(config=cfg.name, algorithm=cfg.algorithm, budget=cfg.budget, cap=cfg.cap, block=block_of(cfg),
+               batch=batch,
                temperature=temperature, tokens_per_s=round(tokens / wall, 1),
                accept_length=round(statistics.fmean(m["spec_accept_length"] for m in metas), 3) if spec else None,
                tokens_per_step=round((tokens - len(answers)) / steps, 3) if spec and steps else None,
@@ -166,17 +177,20 @@ def plot(rows: list[Row], path: Path) -> None:
 
     settings = sorted({(r.batch, r.temperature) for r in rows})
     fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 4), squeeze=False)
+    def line(r: Row) -> str:
+        return f"cap {'budget' if r.cap == r.budget else r.cap}, block {r.block}"
+
     for ax, (batch, temp) in zip(axes[0], settings):
         sel = [r for r in rows if r.batch == batch and r.temperature == temp]
-        for label in sorted({"budget" if r.cap == r.budget else str(r.cap) for r in sel if r.algorithm == "DDTREE"}):
-            pts = sorted((r.budget, r.tokens_per_s) for r in sel if r.algorithm == "DDTREE"
-                         and ("budget" if r.cap == r.budget else str(r.cap)) == label)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"DDTREE cap {label}")
-        for algo, style in (("DFLASH", "--"), ("NONE", ":")):
-            for r in sel:
-                if r.algorithm == algo:
-                    ax.axhline(r.tokens_per_s, linestyle=style, color="gray" if algo == "NONE" else "black",
-                               label=algo)
+        for label in sorted({line(r) for r in sel if r.algorithm == "DDTREE"}):
+            pts = sorted((r.budget, r.tokens_per_s) for r in sel if r.algorithm == "DDTREE" and line(r) == label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"DDTREE {label}")
+        for r in sel:
+            if r.algorithm == "NONE":
+                ax.axhline(r.tokens_per_s, linestyle=":", color="gray", label="NONE")
+            elif r.algorithm == "DFLASH":
+                ax.axhline(r.tokens_per_s, linestyle="--" if r.block == 8 else "-.", color="black",
+                           label=f"DFLASH block {r.block}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("budget")
         ax.set_ylabel("output tokens/s")
@@ -197,6 +211,7 @@ def main(argv=None) -> int:
     ap.add_argument("--temperatures", default="0,0.7")
     ap.add_argument("--configs", default="", help="comma list of configuration names (default: the full matrix)")
     ap.add_argument("--quick", action="store_true", help="NONE, DFLASH, DDTREE b32 c8 and b64 c8 only")
+    ap.add_argument("--k16", action="store_true", help="add DFLASH and DDTREE on the pair's block-16 draft (draft16)")
     ap.add_argument("--profile", default="", help="DDTREE configurations to profile per stage (a second server each)")
     ap.add_argument("--trace", default="", help="configurations to take a torch-profiler trace of")
     ap.add_argument("--start-timeout", type=float, default=900)
@@ -206,7 +221,7 @@ def main(argv=None) -> int:
     raw = json.loads(Path(args.prompts).read_text())[: args.num_prompts]
     prompts = [p[: 1 + 16 + 15 * i] for i, p in enumerate(raw)]                # different lengths
     configs = ([servers.config(n) for n in args.configs.split(",")] if args.configs
-               else configurations(args.quick))
+               else configurations(args.quick, args.k16))
     batches = [int(b) for b in args.batches.split(",")]
     temps = [float(t) for t in args.temperatures.split(",")]
     profiled = [n + servers.PROFILE_SUFFIX for n in args.profile.split(",") if n]

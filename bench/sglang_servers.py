@@ -33,19 +33,25 @@ class ServerConfig:
     graphs: bool = True
     extra: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()    # added to the server's environment
+    tp: int = 1                              # tensor-parallel ranks (GPUs 0 .. tp-1)
+    draft: str = "draft"                     # the draft's folder in the pair (draft16: the block-16 draft)
 
     def args(self, pair: Path, port: int) -> list[str]:
+        # --sleep-on-idle: an idle scheduler otherwise spins a core, and servers started together
+        # would take CPU from the one being measured (seen on the H200 machine's 16 cores)
         a = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--attention-backend", "triton",
              "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", "0.88",
              "--max-total-tokens", "16384", "--context-length", "1024",
              "--max-running-requests", str(GRAPH_MAX_BS), "--disable-radix-cache", "--enable-metrics",
-             "--disable-overlap-schedule", "--cuda-graph-backend-prefill", "disabled"]
+             "--disable-overlap-schedule", "--cuda-graph-backend-prefill", "disabled", "--sleep-on-idle"]
         a += (["--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS)] if self.graphs
               else ["--cuda-graph-backend-decode", "disabled"])
+        if self.tp > 1:   # all-reduce through NCCL (the test bed's kernel build carries no custom all-reduce)
+            a += ["--tp-size", str(self.tp), "--disable-custom-all-reduce"]
         if self.algorithm == "DFLASH":
-            a += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(pair / "draft")]
+            a += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(pair / self.draft)]
         elif self.algorithm == "DDTREE":
-            a += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(pair / "draft"),
+            a += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(pair / self.draft),
                   "--speculative-ddtree-budget", str(self.budget), "--speculative-ddtree-topk-cap", str(self.cap)]
         return a + list(self.extra)
 
@@ -56,20 +62,31 @@ def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
 
 PROFILE_SUFFIX = "-profile"
 PROFILE_STEPS = 40      # decode steps per logged line of a profiled server (ddtree.sglang.profile)
+# name suffixes, in this order after the base name: the block-16 draft, TP 2, the step profiler
+SUFFIXES = {
+    "-k16": lambda c: replace(c, draft="draft16"),
+    "-tp2": lambda c: replace(c, tp=2),
+    PROFILE_SUFFIX: lambda c: replace(c, env=(("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
+}
 
 
 def config(name: str) -> ServerConfig:
-    """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>; a DDTREE name
-    ending in -profile is that configuration with the worker's step profiler on."""
-    if name.endswith(PROFILE_SUFFIX) and name.startswith("ddtree-"):
-        base = config(name[: -len(PROFILE_SUFFIX)])
-        return replace(base, name=name, env=(("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),))
+    """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>, then any of
+    -k16 (the pair's block-16 draft), -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step
+    profiler on), in that order: e.g. ddtree-b64-c8-graphs-k16-tp2."""
+    for suffix, change in reversed(SUFFIXES.items()):
+        if name.endswith(suffix):
+            base = config(name[: -len(suffix)])
+            if suffix == PROFILE_SUFFIX and base.algorithm != "DDTREE":
+                raise ValueError(f"configuration {name!r} is invalid: only DDTREE servers have the step profiler")
+            return replace(change(base), name=name)
     if name in CONFIGS:
         return CONFIGS[name]
     parts = name.split("-")
     if len(parts) == 4 and parts[0] == "ddtree" and parts[3] in ("graphs", "eager"):
         return ddtree(int(parts[1][1:]), int(parts[2][1:]), parts[3] == "graphs")
-    raise ValueError(f"configuration {name!r} is invalid: expected none, dflash or ddtree-b<budget>-c<cap>-graphs|eager")
+    raise ValueError(f"configuration {name!r} is invalid: expected none, dflash or ddtree-b<budget>-c<cap>-graphs|eager"
+                     f", then any of {', '.join(SUFFIXES)}")
 
 
 # The matrix of issue 18: NONE and DFLASH references, DDTREE at budgets 8/32/64 x caps 1/4/8 with

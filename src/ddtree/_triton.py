@@ -246,6 +246,62 @@ if triton is not None:
             cur = tl.where(live, nxt, -1)
 
 
+    @triton.jit
+    def _verify_mask_kernel(anc_ptr, depths_ptr, prefix_ptr, mask_ptr, pos_ptr, bs, width,
+                            BSB: tl.constexpr, BLOCK: tl.constexpr):
+        """Columns [c * BLOCK, (c + 1) * BLOCK) of row i of request b of the FULL_MASK (the prefix
+        visible, then the node's ancestors and itself); the first chunk also writes node i's
+        position prefix + depth. Requests one after the other, N * (prefix + N) entries each."""
+        b = tl.program_id(0).to(tl.int64)
+        i = tl.program_id(1).to(tl.int64)
+        c = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        k = tl.arange(0, BSB)
+        pk = tl.load(prefix_ptr + k, mask=k < bs, other=0).to(tl.int64)
+        offset = tl.sum(tl.where(k < b, width * (pk + width), 0), axis=0)
+        p = tl.load(prefix_ptr + b).to(tl.int64)
+        in_tree = (c >= p) & (c < p + width)
+        anc = tl.load(anc_ptr + (b * width + i) * width + (c - p), mask=in_tree, other=0)
+        value = tl.where(c < p, 1, anc).to(tl.int8)
+        tl.store(mask_ptr + offset + i * (p + width) + c, value, mask=c < p + width)
+        if tl.program_id(2) == 0:
+            depth = tl.load(depths_ptr + b * width + i)
+            tl.store(pos_ptr + b * width + i, p + tl.maximum(depth, 0))
+
+    @triton.jit
+    def _commit_kernel(accepted_ptr, tokens_ptr, accept_len_ptr, window_ptr, draft_ids_ptr, prefix_ptr,
+                       pool_ptr, req_to_token_ptr, r2t_stride, out_tokens_ptr, commit_lens_ptr, new_lens_ptr,
+                       draft_slots_ptr, hidden_rows_ptr, positions_ptr, width, steps,
+                       NB: tl.constexpr, SB: tl.constexpr):
+        """One request's commit (see ddtree.sglang.glue.commit_step): the window permuted so the
+        accepted path's slots come first in path order and the other slots follow in node order,
+        written into its token-table row; the draft's slots, verify rows and positions of the path."""
+        b = tl.program_id(0).to(tl.int64)
+        i = tl.arange(0, NB).to(tl.int64)                      # node
+        j = tl.arange(0, SB).to(tl.int64)                      # path position
+        in_n = i < width
+        in_s = j < steps
+        acc = tl.load(accepted_ptr + b * steps + j, mask=in_s, other=-1)
+        match = (acc[None, :] == i[:, None]) & in_s[None, :]   # [NB, SB]
+        on_path = tl.max(match.to(tl.int32), axis=1) > 0
+        path_pos = tl.sum(tl.where(match, j[None, :], 0), axis=1)
+        n_valid = tl.sum((acc >= 0).to(tl.int64), axis=0)
+        off_path = (in_n & ~on_path).to(tl.int64)
+        rank = tl.where(on_path, path_pos, n_valid + tl.cumsum(off_path, axis=0) - 1)
+        p = tl.load(prefix_ptr + b).to(tl.int64)
+        row = tl.load(pool_ptr + b).to(tl.int64)
+        slot = tl.load(window_ptr + b * width + i, mask=in_n, other=0)
+        tl.store(req_to_token_ptr + row * r2t_stride + p + rank, slot, mask=in_n)
+        draft = tl.load(draft_ids_ptr + b * width + i, mask=in_n, other=0)
+        tl.store(draft_slots_ptr + b * steps + rank, draft, mask=in_n & (rank < steps))
+        tl.store(hidden_rows_ptr + b * steps + j, b * width + tl.maximum(acc, 0), mask=in_s)
+        tl.store(positions_ptr + b * steps + j, p + j, mask=in_s)
+        tok = tl.load(tokens_ptr + b * steps + j, mask=in_s, other=0)
+        tl.store(out_tokens_ptr + b * steps + j, tl.maximum(tok, 0), mask=in_s)
+        n_acc = tl.load(accept_len_ptr + b).to(tl.int64)
+        tl.store(commit_lens_ptr + b, (n_acc + 1).to(tl.int32))
+        tl.store(new_lens_ptr + b, p + n_acc + 1)
+
+
 def _chunk_size(kb: int) -> int:
     return max(4096, 32 * kb)
 
@@ -363,3 +419,30 @@ def walk(tree: DraftTree, targets: torch.Tensor):
                         accept_len, bonus, out, width, n_depth=n_depth, NB=_next_pow2(width),
                         LB=_next_pow2(n_depth + 1), num_warps=4)
     return Verdict(accepted=accepted, accept_len=accept_len, bonus=bonus, tokens=out)
+
+
+def verify_mask_into(ancestor_mask: torch.Tensor, depths: torch.Tensor, prefix_lens: torch.Tensor, max_prefix: int,
+                     mask: torch.Tensor, positions: torch.Tensor) -> None:
+    """Fill mask (bool [sum_b N * (prefix_b + N)]) and positions (int64 [bs, N]) in one launch;
+    ancestor_mask bool [bs, N, N], depths int64 [bs, N], prefix_lens [bs] <= max_prefix (host)."""
+    bs, width = depths.shape
+    block = 1024
+    grid = (bs, width, triton.cdiv(max_prefix + width, block))
+    _verify_mask_kernel[grid](ancestor_mask.contiguous().view(torch.int8), depths.contiguous(),
+                              prefix_lens.contiguous(), mask.view(torch.int8), positions, bs, width,
+                              BSB=_next_pow2(bs), BLOCK=block, num_warps=4)
+
+
+def commit_into(accepted: torch.Tensor, tokens: torch.Tensor, accept_len: torch.Tensor, window: torch.Tensor,
+                draft_ids: torch.Tensor, prefix_lens: torch.Tensor, req_pool_indices: torch.Tensor,
+                req_to_token: torch.Tensor, out) -> None:
+    """One launch of _commit_kernel into `out` (a ddtree.sglang.glue.Commit that commit_step allocated)."""
+    bs, width = window.shape
+    steps = accepted.shape[1]
+    if req_to_token.stride(1) != 1:
+        raise ValueError("req_to_token must be row-major (stride 1 along a row)")
+    _commit_kernel[(bs,)](accepted.contiguous(), tokens.contiguous(), accept_len.contiguous(), window.contiguous(),
+                          draft_ids.contiguous(), prefix_lens.contiguous(), req_pool_indices.contiguous(),
+                          req_to_token, req_to_token.stride(0), out.out_tokens, out.commit_lens,
+                          out.new_seq_lens, out.draft_slots, out.hidden_rows, out.positions,
+                          width, steps, NB=_next_pow2(width), SB=_next_pow2(steps), num_warps=4)

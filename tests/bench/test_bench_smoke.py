@@ -76,9 +76,46 @@ def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
     assert text.splitlines()[-1].startswith("| ddtree-b32-c8-graphs | 1 | 0 | 16.0 | 2.25 | 2.0 |")
     e2e.plot(rows, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
-    assert [c.name for c in e2e.configurations(quick=True)] == ["none", "dflash", "ddtree-b32-c8-graphs",
-                                                                 "ddtree-b64-c8-graphs"]
-    full = [c.name for c in e2e.configurations(quick=False)]
+    assert [c.name for c in e2e.configurations(quick=True, k16=False)] == ["none", "dflash", "ddtree-b32-c8-graphs",
+                                                                            "ddtree-b64-c8-graphs"]
+    full = [c.name for c in e2e.configurations(quick=False, k16=False)]
     assert len(full) == 2 + 14 and "ddtree-b8-c8-graphs" in full and "ddtree-b128-c128-graphs" in full
+    with_k16 = e2e.configurations(quick=False, k16=True)
+    assert len(with_k16) == 16 + 7 and {e2e.block_of(c) for c in with_k16[16:]} == {16}
     with pytest.raises(ValueError, match="configuration 'eagle' is invalid"):
         servers.config("eagle")
+
+
+def test_server_configurations_by_name_draft_tp_and_profiler(tmp_path):
+    from tests.helpers import import_bench
+
+    servers = import_bench("sglang_servers")
+    c = servers.config("ddtree-b64-c8-graphs-k16-tp2-profile")
+    assert (c.algorithm, c.budget, c.cap, c.draft, c.tp) == ("DDTREE", 64, 8, "draft16", 2)
+    assert dict(c.env) == {"SGLANG_DDTREE_PROFILE_STEPS": str(servers.PROFILE_STEPS)}
+    args = c.args(tmp_path, 31000)
+    assert args[args.index("--speculative-draft-model-path") + 1] == str(tmp_path / "draft16")
+    assert args[args.index("--tp-size") + 1] == "2" and "--sleep-on-idle" in args
+    assert "--tp-size" not in servers.config("none").args(tmp_path, 31000)
+    with pytest.raises(ValueError, match="only DDTREE servers have the step profiler"):
+        servers.config("dflash-profile")
+
+
+def test_profile_table_from_a_servers_log(monkeypatch):
+    from ddtree.sglang.profile import StepProfile
+    from tests.helpers import import_bench
+
+    e2e = import_bench("sglang_e2e")
+    line = StepProfile(1, 40, {"between": (0.9, 0.9), "draft": (0.5, 0.6), "step": (3.0, 3.0)}).line()
+
+    class FakeServer:
+        config = import_bench("sglang_servers").config("ddtree-b32-c8-graphs-profile")
+
+        def log_text(self):
+            return f"[2026] INFO x\n[2026] {line}\n"
+
+    monkeypatch.setattr(e2e, "measure", lambda *a, **k: None)   # no server: the log above is what it "printed"
+    rows = e2e.profile_rows(FakeServer(), [[1]], [1, 8], 4)
+    assert [(r.config, r.batch) for r in rows] == [("ddtree-b32-c8-graphs", 1)]     # no line for batch 8
+    text = e2e.profile_table(rows)
+    assert "| ddtree-b32-c8-graphs | 1 | 0.900 / 0.900 | 0.500 / 0.600 | 3.000 / 3.000 |" in text

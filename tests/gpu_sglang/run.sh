@@ -4,7 +4,8 @@
 #   tests/gpu_sglang/run.sh [pytest args]      e.g. -k 'not test_ddtree_greedy or b32-c8'
 #   tests/gpu_sglang/run.sh --bench [bench/sglang_e2e.py args]   e.g. --quick
 # Installs the project into the test bed's site (its entry point is how SGLang finds the plugin),
-# trains the byte-level pair when none is there (bench/train_pair.py --size small, TRAIN_MINUTES),
+# trains the byte-level pair when none is there (bench/train_pair.py --size small, TRAIN_MINUTES;
+# BLOCKS=8,16 adds a block-16 draft of the same target, served as draft16: configurations -k16),
 # exports it to SGLang's formats and runs tests/gpu_sglang, which start one server per
 # configuration (SGLANG_DDTREE_START: the ones started together first) and print a PASS/FAIL table.
 # Results and server logs go to $OUTDIR (default $WORK/out); PACK=1 also packs the trained pair and
@@ -25,11 +26,18 @@ t0=$(date +%s)
 python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 \
   | grep -vi "warning" || true
 echo "[run] project installed in $(( $(date +%s) - t0 )) s"
-if [ ! -f "$WORK/pair/b8/target/model.safetensors" ]; then
-  python3 bench/train_pair.py --out "$WORK/pair" --size small --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes 8 \
+BLOCKS=${BLOCKS:-8}            # draft block sizes of the pair: 8, or 8,16 for a block-16 draft beside it
+missing=0
+for b in ${BLOCKS//,/ }; do [ -f "$WORK/pair/b$b/draft/model.safetensors" ] || missing=1; done
+if [ $missing = 1 ]; then
+  python3 bench/train_pair.py --out "$WORK/pair" --size small --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes "$BLOCKS" \
     --prompts 32 --device cuda | grep -E "held-out|steps in|corpus" || exit 1
 fi
 python3 -m ddtree.reference.export --pair "$WORK/pair/b8" --out "$WORK/sglang-pair" || exit 1
+if [ -f "$WORK/pair/b16/draft/model.safetensors" ]; then      # the same target: only its draft is added
+  python3 -m ddtree.reference.export --pair "$WORK/pair/b16" --out "$WORK/sglang-pair16" || exit 1
+  ln -sfn "$WORK/sglang-pair16/draft" "$WORK/sglang-pair/draft16"
+fi
 echo "[run] pair ready after $(( $(date +%s) - t0 )) s"
 if [ "${1:-}" = "--bench" ]; then    # bench/sglang_e2e.py on the same pair instead of the tests
   shift
@@ -42,7 +50,7 @@ else
 fi
 rc=$?
 echo "[run] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
-# what comes back through the device tool's $OUT (at most 8 files): the table, the results, the logs
+# what comes back through the device tool's $OUT (at most 8 files): tables, results, the logs and traces
 if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUTDIR" ]; then
   cp "$OUTDIR"/results.md "$OUTDIR"/results.json "$OUTDIR"/table.md "$OUTDIR"/tokens_per_s.png "$OUT"/ 2>/dev/null
   cp "$OUTDIR"/profile.md "$OUTDIR"/profile.json "$OUT"/ 2>/dev/null

@@ -96,3 +96,79 @@ def test_triton_shard_candidates_equal_torch_shard_candidates(vocab, world, k):
         finite = torch.isfinite(b.log_z)
         assert torch.allclose(a.log_z[finite], b.log_z[finite], atol=1e-5)
         assert bool(((a.ids >= lo) & (a.ids < hi) | (a.ids == PAD_ID)).all())
+
+
+# --- the SGLang glue kernels: verify mask + positions, and the commit, against their torch paths ---
+
+GLUE_SHAPES = [  # (bs, L, V, budget, cap, prefix lengths)
+    (1, 3, 30, 6, 3, [5]), (3, 4, 40, 12, 4, [0, 9, 1]), (2, 7, 20, 31, 8, [1500, 3]), (2, 2, 9, 2, 1, [2, 2]),
+]
+
+
+def _tree_and_verdict(bs, max_depth, vocab, budget, cap, seed):
+    from ddtree.verify import walk_tree
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(bs, max_depth, vocab, generator=g) * 3
+    roots = torch.randint(0, vocab, (bs,), generator=g)
+    tree = build_tree(logits, roots, budget=budget, topk_cap=cap, backend="torch")
+    # targets that follow a random valid path now and then: each node's target is the token of
+    # one of its children when it has any (so paths are accepted to various depths)
+    targets = torch.randint(0, vocab, tree.tokens.shape, generator=g)
+    for b in range(bs):
+        for i in range(1, tree.tokens.shape[1]):
+            p = int(tree.parents[b, i])
+            if p >= 0 and torch.rand((), generator=g) < 0.6:
+                targets[b, p] = tree.tokens[b, i]
+    return tree, walk_tree(tree, targets)
+
+
+@pytest.mark.parametrize("bs,max_depth,vocab,budget,cap,prefix", GLUE_SHAPES)
+def test_triton_verify_mask_equals_torch(bs, max_depth, vocab, budget, cap, prefix):
+    from ddtree.sglang.glue import verify_mask
+
+    tree, _ = _tree_and_verdict(bs, max_depth, vocab, budget, cap, seed=bs + budget)
+    n = budget + 1
+    prefix_lens = torch.tensor(prefix, dtype=torch.int64)
+    total = sum((p + n) * n for p in prefix)
+    a = verify_mask(_to(tree), prefix_lens.to(DEVICE), total, max(prefix), backend="triton")
+    b = verify_mask(tree, prefix_lens, total, max(prefix), backend="torch")
+    assert a.custom_mask.shape == (total,) and a.custom_mask.dtype == torch.bool
+    assert torch.equal(a.custom_mask.cpu(), b.custom_mask)
+    assert torch.equal(a.positions.cpu(), b.positions)
+
+
+@pytest.mark.parametrize("bs,max_depth,vocab,budget,cap,prefix", GLUE_SHAPES)
+def test_triton_commit_equals_torch(bs, max_depth, vocab, budget, cap, prefix):
+    from ddtree.sglang.glue import commit_step
+
+    tree, verdict = _tree_and_verdict(bs, max_depth, vocab, budget, cap, seed=7 * bs + budget)
+    assert int(verdict.accept_len.max()) > 0          # some request accepted a draft token
+    n = budget + 1
+    prefix_lens = torch.tensor(prefix, dtype=torch.int64)
+    pool = torch.tensor([5, 2, 7][:bs])
+    window = torch.randperm(10_000)[: bs * n].view(bs, n)
+    draft_ids = window + 50_000
+    tables = [torch.full((8, max(prefix) + n + 4), -7, dtype=torch.int32) for _ in range(2)]
+    for t in tables:
+        for b in range(bs):
+            t[pool[b], prefix[b]: prefix[b] + n] = window[b].to(torch.int32)
+    if bs == 3:
+        draft_ids = draft_ids.to(torch.int32)          # SGLang's write ids may be either width
+    on_device = tables[0].to(DEVICE)
+    a = commit_step(_to(verdict), window.to(DEVICE), draft_ids.to(DEVICE), prefix_lens.to(DEVICE), on_device,
+                    pool.to(DEVICE), backend="triton")
+    b = commit_step(verdict, window, draft_ids, prefix_lens, tables[1], pool, backend="torch")
+    assert torch.equal(on_device.cpu(), tables[1])
+    for name in ("out_tokens", "commit_lens", "new_seq_lens", "draft_slots", "hidden_rows", "positions"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype, name
+        assert torch.equal(x.cpu(), y), name
+
+
+def _to(obj):
+    """A DraftTree or Verdict with its tensors on DEVICE."""
+    import dataclasses
+
+    return dataclasses.replace(obj, **{f.name: getattr(obj, f.name).to(DEVICE) for f in dataclasses.fields(obj)
+                                       if isinstance(getattr(obj, f.name), torch.Tensor)})

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree.tree import DraftTree
+from ddtree.tree import DraftTree, resolve_backend
 from ddtree.verify import Verdict
 
 
@@ -35,6 +35,27 @@ class AcceptResult:
     accept_index: torch.Tensor   # int64 [bs, L+1]  flat b*N + node of the accepted path, root first, -1 padded
     accept_length: torch.Tensor  # int64 [bs]       accepted draft tokens (the bonus not counted)
     predict: torch.Tensor        # int64 [bs*N]     target token after each accepted node; 0 elsewhere
+
+
+@dataclass(frozen=True)
+class VerifyMask:
+    custom_mask: torch.Tensor   # bool [sum_b N * (prefix_b + N)]  FULL_MASK, requests one after the other
+    positions: torch.Tensor     # int64 [bs, N]                    prefix + depth (padding: prefix)
+
+
+def verify_mask(tree: DraftTree, prefix_lens: torch.Tensor, total: int, max_prefix: int,
+                backend: str | None = None) -> VerifyMask:
+    """The verify pass's custom mask and positions: one Triton launch on the GPU, else full_mask +
+    DraftTree.positions. prefix_lens int64 [bs] on the tree's device; host numbers: total =
+    sum((p + N) * N) and max_prefix >= every p (upper bounds are fine for both)."""
+    if resolve_backend(backend, tree.tokens.device) == "triton":
+        from ddtree import _triton
+
+        mask = torch.empty(total, dtype=torch.bool, device=tree.tokens.device)
+        positions = torch.empty_like(tree.depths)
+        _triton.verify_mask_into(tree.ancestor_mask, tree.depths, prefix_lens, max_prefix, mask, positions)
+        return VerifyMask(custom_mask=mask, positions=positions)
+    return VerifyMask(custom_mask=full_mask(tree, prefix_lens, total), positions=tree.positions(prefix_lens))
 
 
 def full_mask(tree: DraftTree, prefix_lens: torch.Tensor, total: int) -> torch.Tensor:
@@ -111,6 +132,47 @@ def commit_plan(verdict: Verdict, window: torch.Tensor, prefix_lens: torch.Tenso
                       bonus=verdict.bonus,
                       hidden_rows=base + verdict.accepted.clamp(min=0),
                       positions=prefix_lens[:, None] + path_rank)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A step's commit after the request token tables were rewritten (commit_step)."""
+
+    out_tokens: torch.Tensor    # int64 [bs, L+1]  accepted draft tokens, then the bonus; 0 after (SGLang's out_tokens)
+    commit_lens: torch.Tensor   # int32 [bs]       tokens committed this step (accepted + 1)
+    new_seq_lens: torch.Tensor  # int64 [bs]       prefix + commit_lens
+    draft_slots: torch.Tensor   # [bs, L+1] (draft_ids' dtype) the draft's KV slots of the path in path order, then the rest
+    hidden_rows: torch.Tensor   # int64 [bs, L+1]  verify-pass rows b*N + node of the path (root row as padding)
+    positions: torch.Tensor     # int64 [bs, L+1]  prefix + j
+
+
+def commit_step(verdict: Verdict, window: torch.Tensor, draft_ids: torch.Tensor, prefix_lens: torch.Tensor,
+                req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, backend: str | None = None) -> Commit:
+    """Keep the accepted path: each request's reserved window (window int64 [bs, N], the slot of
+    node i) is written back permuted (commit_plan) into its token-table row req_to_token[r, prefix :
+    prefix + N]; draft_ids [bs, N] are the draft's slots of the same window. One Triton launch on
+    the GPU; the torch path is commit_plan + rewrite_req_to_token."""
+    if resolve_backend(backend, window.device) == "triton":
+        from ddtree import _triton
+
+        bs, steps = verdict.accepted.shape
+        dev = window.device
+        out = Commit(out_tokens=torch.empty((bs, steps), dtype=torch.int64, device=dev),
+                     commit_lens=torch.empty(bs, dtype=torch.int32, device=dev),
+                     new_seq_lens=torch.empty(bs, dtype=prefix_lens.dtype, device=dev),
+                     draft_slots=torch.empty((bs, steps), dtype=draft_ids.dtype, device=dev),
+                     hidden_rows=torch.empty((bs, steps), dtype=torch.int64, device=dev),
+                     positions=torch.empty((bs, steps), dtype=torch.int64, device=dev))
+        _triton.commit_into(verdict.accepted, verdict.tokens, verdict.accept_len, window, draft_ids, prefix_lens,
+                            req_pool_indices, req_to_token, out)
+        return out
+    plan = commit_plan(verdict, window, prefix_lens)
+    rewrite_req_to_token(req_to_token, req_pool_indices, prefix_lens, plan.window)
+    steps = plan.out_tokens.shape[1]
+    return Commit(out_tokens=plan.out_tokens, commit_lens=plan.commit_lens,
+                  new_seq_lens=prefix_lens + plan.commit_lens.to(prefix_lens.dtype),
+                  draft_slots=draft_ids.gather(1, plan.order)[:, :steps],
+                  hidden_rows=plan.hidden_rows, positions=plan.positions)
 
 
 def window_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,

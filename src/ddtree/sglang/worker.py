@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree.sglang.glue import commit_plan, full_mask, rewrite_req_to_token, sampling_params_from_sglang, window_slots
+from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_mask, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
 from ddtree.sglang.profile import OFF, StepProfiler
 from ddtree.sglang.settings import DDTreeConfigError, DDTreeSettings
@@ -272,11 +272,12 @@ def make_worker_class():
                                  window: StepWindow):
             """The target's TARGET_VERIFY ForwardBatch over the N tree nodes of every request (custom mask)."""
             bs, n = tree.tokens.shape
-            committed_cpu, _ = self._ddtree_host_lens(batch, draft_input, 0)
-            mask_len = n * (int(committed_cpu.sum()) + bs * n)                       # sum_b N * (prefix_b + N)
+            committed_cpu, committed_sum = self._ddtree_host_lens(batch, draft_input, 0)   # host upper bounds
+            mask = verify_mask(tree, prefix_lens, total=n * (committed_sum + bs * n),     # sum_b N * (prefix_b + N)
+                               max_prefix=int(committed_cpu.max()))
             verify_input = DFlashVerifyInput(
-                draft_token=tree.tokens.reshape(-1), positions=tree.positions(prefix_lens).reshape(-1),
-                draft_token_num=n, custom_mask=full_mask(tree, prefix_lens, mask_len),
+                draft_token=tree.tokens.reshape(-1), positions=mask.positions.reshape(-1),
+                draft_token_num=n, custom_mask=mask.custom_mask,
                 capture_hidden_mode=CaptureHiddenMode.FULL, kv_loc_plan=window.plan)
             batch.out_cache_loc = window.slots.reshape(-1)
             saved = batch.seq_lens_cpu, batch.seq_lens_sum
@@ -322,7 +323,7 @@ def make_worker_class():
                     apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
                                                            draft_token_num=n)
                 rows = logits.view(bs, n, -1)                                        # [bs, N, V]
-                if info is None:
+                if greedy:
                     targets = rows.argmax(dim=-1)
                 else:
                     params = sampling_params_from_sglang(info, rows.shape[-1])
@@ -336,29 +337,26 @@ def make_worker_class():
                            on_publish):
             """Keep the accepted path's K/V, extend the draft's context, hand the scheduler its tokens."""
             bs, n = window.slots.shape
-            plan = commit_plan(verdict, window.slots, prefix_lens)
-            rewrite_req_to_token(self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
-                                 prefix_lens, plan.window)
-            new_seq_lens = prefix_lens + plan.commit_lens.to(prefix_lens.dtype)
+            draft_ids = self._draft_write_ids(window.plan).view(bs, n)               # the draft's slots of the window
+            done = commit_step(verdict, window.slots, draft_ids, prefix_lens,
+                               self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices)
             if on_publish is not None:
-                on_publish(new_seq_lens)
+                on_publish(done.new_seq_lens)
             logits_output = target_out.logits_output
             hidden = logits_output.hidden_states
             if hidden is None:
                 raise RuntimeError("DDTREE verify returned no target hidden states for the draft's context")
-            steps = plan.out_tokens.shape[1]                                        # L + 1 = block
-            draft_slots = self._draft_write_ids(window.plan).view(bs, n).gather(1, plan.order)[:, :steps]
             self._append_target_hidden_to_draft_kv_by_loc(
-                target_hidden=hidden.index_select(0, plan.hidden_rows.reshape(-1)),   # [bs * (L+1), H_aux]
-                cache_loc=draft_slots.reshape(-1), cache_loc_2d=draft_slots,
-                positions=plan.positions.reshape(-1), commit_lens=plan.commit_lens)
+                target_hidden=hidden.index_select(0, done.hidden_rows.reshape(-1)),   # [bs * (L+1), H_aux]
+                cache_loc=done.draft_slots.reshape(-1), cache_loc_2d=done.draft_slots,
+                positions=done.positions.reshape(-1), commit_lens=done.commit_lens)
             logits_output.hidden_states = None
             return GenerationBatchResult(
-                logits_output=logits_output, next_token_ids=plan.out_tokens.reshape(-1),
-                accept_lens=plan.commit_lens, can_run_cuda_graph=target_out.can_run_cuda_graph,
-                next_draft_input=self._make_next_draft_input_decode(bonus_tokens=plan.bonus,
-                                                                    new_seq_lens=new_seq_lens),
-                speculative_num_draft_tokens=self.block_size, new_seq_lens=new_seq_lens,
+                logits_output=logits_output, next_token_ids=done.out_tokens.reshape(-1),
+                accept_lens=done.commit_lens, can_run_cuda_graph=target_out.can_run_cuda_graph,
+                next_draft_input=self._make_next_draft_input_decode(bonus_tokens=verdict.bonus,
+                                                                    new_seq_lens=done.new_seq_lens),
+                speculative_num_draft_tokens=self.block_size, new_seq_lens=done.new_seq_lens,
                 routed_experts_output=target_out.routed_experts_output,
                 indexer_topk_output=target_out.indexer_topk_output)
 
