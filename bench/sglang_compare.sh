@@ -21,12 +21,12 @@ PYTHONPATH=src:$PYTHONPATH python3 -m pytest -q -p no:cacheprovider tests/unit/t
 say "glue kernels pass on CUDA"
 OUT= OUTDIR=$W/bench BLOCKS=8,16 TRAIN_MINUTES=${TRAIN_MINUTES:-2.5} tests/gpu_sglang/run.sh --bench --k16 \
   --profile ddtree-b64-c8-graphs,ddtree-b64-c8-graphs-k16 --trace dflash,ddtree-b64-c8-graphs \
-  --start-timeout 600 "$@"
+  --start-timeout 600 --repeats 3 "$@"
 bench_rc=$?
 say "bench done (rc $bench_rc)"
 tp_rc=skipped
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  OUT= OUTDIR=$W/tp2 SGLANG_DDTREE_START=none-tp2,ddtree-b32-c8-graphs-tp2,ddtree-b32-c8-graphs \
+  OUT= OUTDIR=$W/tp2 SGLANG_DDTREE_START=none,none-tp2,ddtree-b32-c8-graphs-tp2,ddtree-b32-c8-graphs \
     tests/gpu_sglang/run.sh -k tp2
   tp_rc=$?
   say "TP 2 tests done (rc $tp_rc)"

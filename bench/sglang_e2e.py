@@ -10,7 +10,8 @@ One server per configuration (bench/sglang_servers.py; all started together, mea
 time so that no two share the GPU while timed): NONE, DFLASH and DDTREE at budgets
 8/16/32/64/128 x caps 4/8/budget, CUDA graphs on. For each: batch 1 (one request at a time) and
 batch 8 (8 in flight), temperature 0 and 0.7 (top-p 0.9, top-k 50), the held-out prompts x
---max-new-tokens. Columns: output tokens/s (client wall clock over the whole set), accept length
+--max-new-tokens, after a warm-up of `batch` short requests in flight (batch sizes up to it run before timing),
+--repeats times (the median run is the row; all wall times are kept). Columns: output tokens/s (client wall clock over the whole set), accept length
 (SGLang's spec_accept_length, mean over requests), tokens per verify step (decoded tokens /
 spec_verify_ct), client step time (batch 1: request latency / (verify steps + 1)), and at
 temperature 0 how many outputs equal NONE's. Writes OUT/results.json, OUT/table.md and
@@ -58,6 +59,7 @@ class Row:
     step_ms: float | None           # batch 1 only: mean request latency / (verify steps + 1)
     equal_to_none: str | None       # temperature 0: "k/n"
     requests: int
+    walls: list[float] | None = None  # wall seconds of each repeat (the row is the median one's)
 
 
 K16 = ("dflash-k16", "ddtree-b16-c8-graphs-k16", "ddtree-b32-c8-graphs-k16", "ddtree-b64-c8-graphs-k16",
@@ -96,7 +98,8 @@ def measure(server: servers.Server, prompts: list[list[int]], batch: int, temper
 
     from concurrent.futures import ThreadPoolExecutor
 
-    server.generate(prompts[0], {**sampling, "max_new_tokens": 8})          # warm the path once
+    with ThreadPoolExecutor(max_workers=batch) as pool:                      # warm every batch size up to
+        list(pool.map(lambda p: server.generate(p, {**sampling, "max_new_tokens": 32}), prompts[:batch]))
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=batch) as pool:
         answers = list(pool.map(one, prompts))
@@ -209,6 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--temperatures", default="0,0.7")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measure each (batch, temperature) this many times; the median wall time's run is the row")
     ap.add_argument("--configs", default="", help="comma list of configuration names (default: the full matrix)")
     ap.add_argument("--quick", action="store_true", help="NONE, DFLASH, DDTREE b32 c8 and b64 c8 only")
     ap.add_argument("--k16", action="store_true", help="add DFLASH and DDTREE on the pair's block-16 draft (draft16)")
@@ -241,11 +246,13 @@ def main(argv=None) -> int:
             server = fleet.servers[cfg.name]
             for batch in batches:
                 for temp in temps:
-                    answers, wall, lat = measure(server, prompts, batch, temp, args.max_new_tokens)
+                    runs = [measure(server, prompts, batch, temp, args.max_new_tokens) for _ in range(args.repeats)]
+                    answers, wall, lat = sorted(runs, key=lambda r: r[1])[len(runs) // 2]   # the median wall time
                     if cfg.algorithm == "NONE" and temp == 0:
                         none_outputs[batch] = [a["output_ids"] for a in answers]
                     reference = none_outputs.get(batch) if temp == 0 and cfg.algorithm != "NONE" else None
                     rows.append(summarize(cfg, batch, temp, answers, wall, lat, reference))
+                    rows[-1].walls = [round(r[1], 4) for r in runs]
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
                     (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
         for name in profiled:

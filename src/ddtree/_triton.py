@@ -246,7 +246,7 @@ if triton is not None:
             cur = tl.where(live, nxt, -1)
 
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["bs", "width"])
     def _verify_mask_kernel(anc_ptr, depths_ptr, prefix_ptr, mask_ptr, pos_ptr, bs, width,
                             BSB: tl.constexpr, BLOCK: tl.constexpr):
         """Columns [c * BLOCK, (c + 1) * BLOCK) of row i of request b of the FULL_MASK (the prefix
@@ -428,9 +428,11 @@ def verify_mask_into(ancestor_mask: torch.Tensor, depths: torch.Tensor, prefix_l
     bs, width = depths.shape
     block = 1024
     grid = (bs, width, triton.cdiv(max_prefix + width, block))
+    # BSB is the same for every batch up to 256 and bs/width are not specialised on: a batch size
+    # seen for the first time mid-serving compiles nothing (one compile stalls a step for ~1 s)
     _verify_mask_kernel[grid](ancestor_mask.contiguous().view(torch.int8), depths.contiguous(),
                               prefix_lens.contiguous(), mask.view(torch.int8), positions, bs, width,
-                              BSB=_next_pow2(bs), BLOCK=block, num_warps=4)
+                              BSB=max(256, _next_pow2(bs)), BLOCK=block, num_warps=4)
 
 
 def commit_into(accepted: torch.Tensor, tokens: torch.Tensor, accept_len: torch.Tensor, window: torch.Tensor,
