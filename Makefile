@@ -12,10 +12,12 @@ PYTEST_ARGS ?=
 
 SGLANG_HASH := $(shell cat requirements/sglang-test.txt | sha256sum | cut -c1-12)
 SGLANG_VENV := $(CACHE)/venv-sglang-$(SGLANG_HASH)
+GATEWAY_HASH := $(shell cat requirements/gateway.txt | sha256sum | cut -c1-12)
+GATEWAY_VENV := $(CACHE)/venv-gateway-$(GATEWAY_HASH)
 SANDBOX_MODEL := $(CACHE)/models/tiny-seed0
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: help venv sglang-venv test test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
+.PHONY: help venv sglang-venv gateway-venv test test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
@@ -54,14 +56,26 @@ $(SGLANG_VENV)/.ready:
 sglang-venv: $(SGLANG_VENV)/.ready
 	$(SGLANG_VENV)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" || true
 
-test-fast: venv
-	$(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
+# The pinned SGLang Model Gateway (smg, a Rust router in a wheel) in its own venv:
+# tests/serve/test_gateway.py starts tools/k26_gateway.py in front of two ddtree-serve processes.
+$(GATEWAY_VENV)/.ready:
+	@echo ">> creating gateway venv $(GATEWAY_VENV)"
+	rm -rf $(GATEWAY_VENV)
+	$(PYTHON) -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/pip install -q -r requirements/gateway.txt 2>&1 | grep -v "^WARNING: Location" || true
+	$(GATEWAY_VENV)/bin/python -c "import smg.router, yaml"
+	touch $@
+
+gateway-venv: $(GATEWAY_VENV)/.ready
+
+test-fast: venv gateway-venv
+	K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
 
 test-sglang: sglang-venv
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
-test: venv sandbox sglang-venv
-	$(ANSIBLE_ENV) $(PY) -m pytest tests --ignore=tests/sglang $(PYTEST_ARGS)
+test: venv sandbox sglang-venv gateway-venv
+	K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) $(PY) -m pytest tests --ignore=tests/sglang $(PYTEST_ARGS)
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
 $(SANDBOX_MODEL)/target/config.json: | venv

@@ -1,0 +1,191 @@
+"""The fleet gateway (tools/k26_gateway.py: the pinned SGLang Model Gateway, smg)
+in front of two real ddtree-serve processes on loopback.
+
+The gateway runs from a venv made of requirements/gateway.txt (`make test` builds it and sets
+K26_GATEWAY_PYTHON); the file's own checks run in the test venv.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import API_KEY, free_port, start_server
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tools/k26_gateway.py"
+ADMIN_KEY = "admin-key-not-secret-either"
+
+
+def gateway_module():
+    spec = importlib.util.spec_from_file_location("k26_gateway", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("k26_gateway", mod)          # dataclasses look their module up while defining
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GOOD = {"workers": ["http://127.0.0.1:30001", "http://127.0.0.1:30002"], "api_key": API_KEY, "admin_key": ADMIN_KEY}
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"workers": []}, "workers=[] is invalid: expected a non-empty list"),
+    ({"workers": ["ftp://h:1"]}, "workers='ftp://h:1' is invalid: expected a list of http(s)://host:port"),
+    ({"workers": ["http://a:1", "http://a:1/"]}, "a worker is listed twice"),
+    ({"port": 0}, "port=0 is invalid: expected an integer in 1..65535"),
+    ({"policy": "fastest"}, "policy='fastest' is invalid: expected one of random, round_robin"),
+    ({"api_key": "short"}, "api_key=<hidden> is invalid: expected a secret of at least 16"),
+    ({"admin_key": API_KEY}, "admin_key=<hidden> is invalid: must differ from api_key"),
+    ({"wrokers": []}, "wrokers=[] is invalid: not a gateway setting"),
+    ({"health": {"interval_secs": 0}}, "interval_secs=0 is invalid: expected an integer in 1..3600"),
+    ({"health": {"endpoint": "health"}}, "health.endpoint='health' is invalid: expected a path"),
+])
+def test_a_bad_gateway_setting_is_named_without_showing_a_key(change, message):
+    gw = gateway_module()
+    with pytest.raises(gw.GatewayConfigError) as err:
+        gw.parse_config({**GOOD, **change})
+    assert message in str(err.value)
+    assert API_KEY not in str(err.value) and "short" not in str(err.value)
+
+
+def test_a_good_file_parses_with_defaults():
+    cfg = gateway_module().parse_config(GOOD)
+    assert cfg.workers == ("http://127.0.0.1:30001", "http://127.0.0.1:30002")
+    assert (cfg.policy, cfg.health.interval_secs, cfg.health.endpoint) == ("round_robin", 10, "/health")
+    assert API_KEY not in repr(cfg) and ADMIN_KEY not in repr(cfg)
+
+
+# --- the real gateway ---------------------------------------------------------------------------------
+
+HEALTH_INTERVAL, FAILURES = 1, 2
+
+
+class Fleet:
+    def __init__(self, tmp: Path, pair_dir: Path):
+        python = os.environ.get("K26_GATEWAY_PYTHON")
+        if not python:
+            pytest.skip("K26_GATEWAY_PYTHON (the gateway venv's python) is not set: `make test` builds and sets it")
+        self.workers = [start_server(tmp, pair_dir) for _ in range(2)]
+        self.port = free_port()
+        self.config = tmp / "gateway.yaml"
+        self.config.write_text(json.dumps({
+            "host": "127.0.0.1", "port": self.port, "workers": [w.url for w in self.workers], "api_key": API_KEY,
+            "admin_key": ADMIN_KEY, "policy": "round_robin",
+            "health": {"interval_secs": HEALTH_INTERVAL, "failure_threshold": FAILURES, "success_threshold": 1,
+                       "timeout_secs": 2}}))
+        self.log = tmp / "gateway.log"
+        self.python = python
+        self.proc = subprocess.Popen([python, str(SCRIPT), "serve", "--config", str(self.config)],
+                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.wait(lambda: len(self.status()) == 2 and all(w["healthy"] for w in self.status()), 90, "gateway ready")
+
+    def pool(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([self.python, str(SCRIPT), "pool", "--config", str(self.config), *args],
+                              capture_output=True, text=True, timeout=180)
+
+    def status(self) -> list[dict]:
+        try:
+            r = self.pool("status")
+            return json.loads(r.stdout) if r.returncode == 0 else []
+        except (ValueError, subprocess.TimeoutExpired):
+            return []
+
+    def wait(self, ok, timeout: float, what: str) -> None:
+        deadline = time.time() + timeout
+        while not ok():
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise AssertionError(f"{what}: not within {timeout} s; gateway log: {self.log.read_text()[-2000:]}")
+            time.sleep(0.3)
+
+    def complete(self, key: str | None = API_KEY) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        model = str(self.workers[0].pair_dir / "target")
+        return httpx.post(self.url + "/v1/completions", headers=headers, timeout=60,
+                          json={"model": model, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        for w in self.workers:
+            w.stop()
+
+
+def served(worker) -> int:
+    return worker.log.read_text().count('"POST /v1/completions')
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, pair_dir):
+    f = Fleet(tmp_path_factory.mktemp("fleet"), pair_dir)
+    yield f
+    f.stop()
+
+
+def test_the_gateway_routes_with_the_key_and_keeps_keys_off_its_command_line(fleet):
+    assert fleet.complete(key=None).status_code == 401
+    assert fleet.complete(key="wrong-key-of-some-length").status_code == 401
+    before = [served(w) for w in fleet.workers]
+    answers = [fleet.complete() for _ in range(4)]
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert len({a.json()["choices"][0]["text"] for a in answers}) == 1       # the same model, greedy
+    assert all(served(w) > b for w, b in zip(fleet.workers, before))        # round robin reached both
+    cmdline = Path(f"/proc/{fleet.proc.pid}/cmdline").read_bytes().decode()
+    environ = Path(f"/proc/{fleet.proc.pid}/environ").read_bytes().decode(errors="replace")
+    for key in (API_KEY, ADMIN_KEY):
+        assert key not in cmdline and key not in environ
+    assert httpx.get(fleet.url + "/workers", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 401
+
+
+def test_take_out_drains_with_no_failed_request_and_put_back_restores(fleet):
+    results, stop = [], threading.Event()
+
+    def client():
+        while not stop.is_set():
+            r = fleet.complete()
+            results.append(r.status_code)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1)
+        out = fleet.pool("take-out", fleet.workers[1].url, "--timeout", "120")
+        assert out.returncode == 0, out.stderr
+        after_take_out = served(fleet.workers[1])
+        time.sleep(3)
+        assert served(fleet.workers[1]) == after_take_out      # nothing routed to it once it is out
+        assert [w["url"] for w in fleet.status()] == [fleet.workers[0].url]
+        back = fleet.pool("put-back", fleet.workers[1].url, "--timeout", "120")
+        assert back.returncode == 0, back.stderr
+        time.sleep(3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert results and set(results) == {200}, f"{len(results)} requests, codes {sorted(set(results))}"
+    assert served(fleet.workers[1]) > after_take_out          # routed to again after put-back
+    again = fleet.pool("take-out", "http://127.0.0.1:1", "--timeout", "5")
+    assert again.returncode == 0 and "not in the pool" in again.stdout
+    foreign = fleet.pool("put-back", "http://127.0.0.1:1", "--timeout", "5")
+    assert foreign.returncode == 2 and "is not one of this gateway's workers" in foreign.stderr
+
+
+def test_a_stopped_worker_leaves_rotation_within_the_health_checks(fleet):
+    fleet.workers[1].stop()
+    t0 = time.time()
+    fleet.wait(lambda: any(w["url"] == fleet.workers[1].url and not w["healthy"] for w in fleet.status()),
+               HEALTH_INTERVAL * FAILURES + 10, "the stopped worker marked unhealthy")
+    took = time.time() - t0
+    assert all(fleet.complete().status_code == 200 for _ in range(4))
+    assert took <= HEALTH_INTERVAL * FAILURES + 10

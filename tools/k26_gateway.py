@@ -1,0 +1,273 @@
+"""The k26 gateway: the SGLang Model Gateway (smg) started from a file, and its worker pool.
+
+    k26_gateway.py serve --config /etc/k26/gateway.yaml
+        smg's router in this process, with the settings and keys of the file; no key reaches the
+        command line or the environment (smg's own CLI takes keys only as arguments).
+    k26_gateway.py pool --config FILE status
+    k26_gateway.py pool --config FILE take-out URL [--timeout S]
+        DELETE /workers/{id}: smg marks the worker "draining", lets its in-flight requests finish
+        and then drops it; this waits until it is gone (so nothing is routed to it any more).
+    k26_gateway.py pool --config FILE put-back URL [--timeout S]
+        POST /workers, then wait until the worker is healthy and ready.
+
+The file (YAML, 0640 root:<gateway group>):
+    host: 127.0.0.1            port: 30080
+    workers: [http://10.0.0.1:30000, ...]
+    policy: round_robin         (one of smg's policies)
+    api_key: ...                what clients send; the router sends it on to the workers (the
+                                workers' own key, so both sides use one secret)
+    admin_key: ...              guards the worker API (smg control plane, role admin)
+    health: {interval_secs: 10, failure_threshold: 3, success_threshold: 2, timeout_secs: 5,
+             endpoint: /health}
+    request_timeout_secs: 1800
+Only the standard library and smg (serve) are imported: a gateway host has no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+
+POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "least_load", "consistent_hashing",
+            "prefix_hash")
+MIN_KEY = 16
+
+
+class GatewayConfigError(ValueError):
+    """A setting of the gateway file that cannot work; the message names it, its value and the fix."""
+
+
+@dataclass(frozen=True)
+class Health:
+    interval_secs: int = 10
+    failure_threshold: int = 3
+    success_threshold: int = 2
+    timeout_secs: int = 5
+    endpoint: str = "/health"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str
+    port: int
+    workers: tuple[str, ...]
+    api_key: str = field(repr=False)
+    admin_key: str = field(repr=False)
+    policy: str = "round_robin"
+    health: Health = Health()
+    request_timeout_secs: int = 1800
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def _fail(name: str, value, why: str) -> GatewayConfigError:
+    shown = "<hidden>" if name.endswith("key") else repr(value)
+    return GatewayConfigError(f"{name}={shown} is invalid: {why}")
+
+
+def _int(raw: dict, name: str, default: int, low: int, high: int) -> int:
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(name, value, f"expected an integer in {low}..{high}")
+    return value
+
+
+def _key(raw: dict, name: str) -> str:
+    value = raw.get(name)
+    if not isinstance(value, str) or len(value) < MIN_KEY or any(c.isspace() or c == ":" for c in value):
+        raise _fail(name, value, f"expected a secret of at least {MIN_KEY} characters without spaces or ':' "
+                                 "(set it in the gateway's key file, e.g. k26_gateway_api_key in the vault)")
+    return value
+
+
+def _worker(url) -> str:
+    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise _fail("workers", url, "expected a list of http(s)://host:port URLs of the k26 servers")
+    return url.rstrip("/")
+
+
+def parse_config(raw: dict) -> GatewayConfig:
+    """The YAML mapping -> GatewayConfig; raises GatewayConfigError naming the first bad setting."""
+    if not isinstance(raw, dict):
+        raise _fail("config", type(raw).__name__, "expected a mapping of settings")
+    unknown = sorted(set(raw) - {"host", "port", "workers", "api_key", "admin_key", "policy", "health",
+                                 "request_timeout_secs"})
+    if unknown:
+        raise _fail(unknown[0], raw[unknown[0]], "not a gateway setting (a typo?)")
+    workers = raw.get("workers")
+    if not isinstance(workers, list) or not workers:
+        raise _fail("workers", workers, "expected a non-empty list of worker URLs")
+    urls = tuple(_worker(w) for w in workers)
+    if len(set(urls)) != len(urls):
+        raise _fail("workers", list(urls), "a worker is listed twice")
+    policy = raw.get("policy", "round_robin")
+    if policy not in POLICIES:
+        raise _fail("policy", policy, f"expected one of {', '.join(POLICIES)}")
+    host = raw.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise _fail("host", host, "expected an address to listen on")
+    health_raw = raw.get("health") or {}
+    if not isinstance(health_raw, dict):
+        raise _fail("health", health_raw, "expected a mapping")
+    endpoint = health_raw.get("endpoint", "/health")
+    if not isinstance(endpoint, str) or not endpoint.startswith("/"):
+        raise _fail("health.endpoint", endpoint, "expected a path such as /health")
+    health = Health(interval_secs=_int(health_raw, "interval_secs", 10, 1, 3600),
+                    failure_threshold=_int(health_raw, "failure_threshold", 3, 1, 100),
+                    success_threshold=_int(health_raw, "success_threshold", 2, 1, 100),
+                    timeout_secs=_int(health_raw, "timeout_secs", 5, 1, 600), endpoint=endpoint)
+    api_key, admin_key = _key(raw, "api_key"), _key(raw, "admin_key")
+    if api_key == admin_key:
+        raise _fail("admin_key", admin_key, "must differ from api_key (clients must not drive the worker API)")
+    return GatewayConfig(host=host, port=_int(raw, "port", 30080, 1, 65535), workers=urls, api_key=api_key,
+                         admin_key=admin_key, policy=policy, health=health,
+                         request_timeout_secs=_int(raw, "request_timeout_secs", 1800, 1, 86400))
+
+
+def load_config(path: str) -> GatewayConfig:
+    import yaml
+
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except OSError as err:
+        raise GatewayConfigError(f"--config={path!r} cannot be read: {err.strerror}") from None
+    return parse_config(raw)
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+def router_args(cfg: GatewayConfig):
+    """smg's RouterArgs for this configuration (keys passed in-process)."""
+    from smg.router_args import RouterArgs
+
+    return RouterArgs(worker_urls=list(cfg.workers), host=cfg.host, port=cfg.port, policy=cfg.policy,
+                      api_key=cfg.api_key,
+                      control_plane_api_keys=[("k26-ops", "k26 operators", cfg.admin_key, "admin")],
+                      health_check_interval_secs=cfg.health.interval_secs,
+                      health_failure_threshold=cfg.health.failure_threshold,
+                      health_success_threshold=cfg.health.success_threshold,
+                      health_check_timeout_secs=cfg.health.timeout_secs,
+                      health_check_endpoint=cfg.health.endpoint,
+                      request_timeout_secs=cfg.request_timeout_secs,
+                      disable_tokenizer_autoload=True)
+
+
+def serve(cfg: GatewayConfig) -> None:
+    from smg.launch_router import launch_router
+
+    launch_router(router_args(cfg))
+
+
+# --- the worker pool -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Worker:
+    id: str
+    url: str
+    status: str        # smg's: ready, draining, ...
+    healthy: bool
+
+
+class Pool:
+    """The gateway's worker API (admin key)."""
+
+    def __init__(self, cfg: GatewayConfig, sleep=time.sleep, clock=time.monotonic):
+        self.cfg, self.sleep, self.clock = cfg, sleep, clock
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(self.cfg.url + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {self.cfg.admin_key}",
+                                              "content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            raise RuntimeError(f"gateway {method} {path} answered {err.code}: "
+                               f"{err.read().decode(errors='replace')[:300]}") from None
+
+    def workers(self) -> list[Worker]:
+        return [Worker(id=w["id"], url=w["url"].rstrip("/"), status=w.get("status", ""),
+                       healthy=bool(w.get("is_healthy"))) for w in self._call("GET", "/workers")["workers"]]
+
+    def find(self, url: str) -> Worker | None:
+        return next((w for w in self.workers() if w.url == url.rstrip("/")), None)
+
+    def _wait(self, what: str, done, timeout: float) -> None:
+        deadline = self.clock() + timeout
+        while not done():
+            if self.clock() > deadline:
+                raise TimeoutError(f"{what} did not happen within {timeout:g} s")
+            self.sleep(0.5)
+
+    def take_out(self, url: str, timeout: float) -> str:
+        """Drain and drop `url`: it gets no new request, its in-flight ones finish. Idempotent."""
+        worker = self.find(url)
+        if worker is None:
+            return f"{url} is not in the pool"
+        self._call("DELETE", f"/workers/{worker.id}")
+        self._wait(f"draining {url}", lambda: self.find(url) is None, timeout)
+        return f"{url} taken out (drained)"
+
+    def put_back(self, url: str, timeout: float) -> str:
+        """Add `url` and wait until the gateway routes to it (healthy, ready). Idempotent."""
+        if url.rstrip("/") not in self.cfg.workers:
+            raise GatewayConfigError(f"worker {url!r} is not one of this gateway's workers {list(self.cfg.workers)}")
+        worker = self.find(url)
+        if worker is not None and worker.status == "draining":
+            self._wait(f"the end of {url}'s draining", lambda: self.find(url) is None, timeout)
+            worker = None
+        if worker is None:
+            self._call("POST", "/workers", {"url": url.rstrip("/"), "api_key": self.cfg.api_key})
+
+        def ready() -> bool:
+            w = self.find(url)
+            return w is not None and w.healthy and w.status == "ready"
+
+        self._wait(f"{url} becoming ready in the pool", ready, timeout)
+        return f"{url} in the pool"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="k26_gateway", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("--config", required=True)
+    p = sub.add_parser("pool", help="the gateway's worker pool")
+    p.add_argument("--config", required=True)
+    p.add_argument("action", choices=("status", "take-out", "put-back"))
+    p.add_argument("url", nargs="?")
+    p.add_argument("--timeout", type=float, default=600)
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        if args.command == "serve":
+            serve(cfg)
+            return 0
+        pool = Pool(cfg)
+        if args.action == "status":
+            print(json.dumps([w.__dict__ for w in pool.workers()], indent=1))
+            return 0
+        if not args.url:
+            ap.error(f"pool {args.action} needs the worker URL")
+        print(pool.take_out(args.url, args.timeout) if args.action == "take-out" else pool.put_back(args.url, args.timeout))
+        return 0
+    except (GatewayConfigError, TimeoutError, RuntimeError) as err:
+        print(f"k26_gateway: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
