@@ -5,6 +5,11 @@
   _merge_kernel  grid (bs*L,):   log-normaliser of the row and its top-K candidates
   _tree_kernel   grid (bs,):     level-by-level expansion, global selection, node order,
                  parents and the ancestor mask of one request
+and for the SGLang decode step (ddtree.sglang.glue), one launch each:
+  _verify_mask_kernel  grid (bs, N, chunks): the FULL_MASK and the nodes' positions
+  _commit_kernel       grid (bs,): the accepted path kept by permuting the request's reserved
+                       window in its token-table row, plus what the draft and the scheduler need
+(the walk and argmax kernels serve ddtree.verify).
 
 Keys are the same int64 order keys as ddtree.tree.order_key: (orderable float bits << 32) |
 (2^32 - 1 - index), so one descending top-k selects by score and breaks ties by smaller index,

@@ -7,6 +7,9 @@ arrays. Verdict -> SGLang's accept outputs: flat accept indices b*N + node (root
 padded), accepted draft-token counts, and the predicted (target) token at every accepted node.
 Example: prefix lengths [3, 1], N = 2 (root + one child each) give a mask of
 (3+2)*2 + (1+2)*2 = 16 entries and positions [3, 4, 1, 2].
+The decode step uses verify_mask (mask + positions) and commit_step (commit_plan +
+rewrite_req_to_token + the draft's slots): one Triton launch each on the GPU, the torch functions
+here on the CPU and as the reference the kernels are tested against.
 """
 
 from __future__ import annotations
