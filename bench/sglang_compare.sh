@@ -21,7 +21,7 @@ PYTHONPATH=src:$PYTHONPATH python3 -m pytest -q -p no:cacheprovider tests/unit/t
 say "glue kernels pass on CUDA"
 OUT= OUTDIR=$W/bench BLOCKS=8,16 TRAIN_MINUTES=${TRAIN_MINUTES:-2.5} tests/gpu_sglang/run.sh --bench --k16 \
   --profile ddtree-b64-c8-graphs,ddtree-b64-c8-graphs-k16 --trace dflash,ddtree-b64-c8-graphs \
-  --start-timeout 600 --repeats 3 "$@"
+  --start-timeout 600 --repeats 2 "$@"
 bench_rc=$?
 say "bench done (rc $bench_rc)"
 tp_rc=skipped
