@@ -13,7 +13,9 @@ batch 8 (8 in flight), temperature 0 and 0.7 (top-p 0.9, top-k 50), the held-out
 --max-new-tokens, after a warm-up of `batch` short requests in flight (batch sizes up to it run before timing),
 --repeats times (the median run is the row; all wall times are kept). Columns: output tokens/s (client wall clock over the whole set), accept length
 (SGLang's spec_accept_length, mean over requests), tokens per verify step (decoded tokens /
-spec_verify_ct), client step time (batch 1: request latency / (verify steps + 1)), and at
+spec_verify_ct), client step time (batch 1: request latency / (verify steps + 1)), SGLang's own
+device time of a step's forward passes (sglang:forward_execution_seconds_total over the measured
+span / decode steps; target verify + draft for DFLASH/DDTREE, the decode pass for NONE), and at
 temperature 0 how many outputs equal NONE's. Writes OUT/results.json, OUT/table.md and
 OUT/tokens_per_s.png; prints the table.
 
@@ -57,6 +59,7 @@ class Row:
     accept_length: float | None
     tokens_per_step: float | None
     step_ms: float | None           # batch 1 only: mean request latency / (verify steps + 1)
+    forward_ms: float | None        # SGLang's device time of a decode step's forward passes (target + draft)
     equal_to_none: str | None       # temperature 0: "k/n"
     requests: int
     walls: list[float] | None = None  # wall seconds of each repeat (the row is the median one's)
@@ -83,9 +86,17 @@ def block_of(cfg: servers.ServerConfig) -> int:
     return 16 if cfg.draft == "draft16" else 8
 
 
+@dataclass
+class Measurement:
+    answers: list[dict]
+    wall: float                     # seconds, client clock, the whole set
+    latencies: list[float]          # seconds per request
+    forward_s: float | None         # SGLang's device time of the decode-side forward passes in that span
+
+
 def measure(server: servers.Server, prompts: list[list[int]], batch: int, temperature: float,
-            max_new_tokens: int) -> tuple[list[dict], float, list[float]]:
-    """All prompts with `batch` requests in flight: (answers, wall seconds, per-request latencies)."""
+            max_new_tokens: int) -> Measurement:
+    """All prompts with `batch` requests in flight."""
     sampling = {"max_new_tokens": max_new_tokens, "ignore_eos": True,
                 **({"temperature": 0.0} if temperature == 0 else {**SAMPLED, "temperature": temperature})}
     latencies: list[float] = []
@@ -100,14 +111,18 @@ def measure(server: servers.Server, prompts: list[list[int]], batch: int, temper
 
     with ThreadPoolExecutor(max_workers=batch) as pool:                      # warm every batch size up to
         list(pool.map(lambda p: server.generate(p, {**sampling, "max_new_tokens": 32}), prompts[:batch]))
+    forward0 = server.forward_seconds()
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=batch) as pool:
         answers = list(pool.map(one, prompts))
-    return answers, time.perf_counter() - start, latencies
+    wall = time.perf_counter() - start
+    forward1 = server.forward_seconds()
+    forward = forward1 - forward0 if forward0 is not None and forward1 is not None else None
+    return Measurement(answers, wall, latencies, forward)
 
 
 def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers: list[dict], wall: float,
-              latencies: list[float], none_outputs: list[list[int]] | None) -> Row:
+              latencies: list[float], none_outputs: list[list[int]] | None, forward_s: float | None = None) -> Row:
     bad = [a for a in answers if "output_ids" not in a]
     if bad:
         raise RuntimeError(f"{cfg.name}: {len(bad)} requests failed, e.g. {bad[0]}")
@@ -120,6 +135,8 @@ def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers
         per_step = [lat / ((m.get("spec_verify_ct", 0) if spec else len(a["output_ids"]) - 1) + 1)
                     for lat, m, a in zip(latencies, metas, answers)]
         step_ms = round(1000 * statistics.fmean(per_step), 3)
+    decode_steps = steps if spec else sum(len(a["output_ids"]) - 1 for a in answers)
+    forward_ms = round(1000 * forward_s / decode_steps, 3) if forward_s is not None and decode_steps else None
     equal = None
     if none_outputs is not None:
         same = sum(a["output_ids"] == n for a, n in zip(answers, none_outputs))
@@ -129,7 +146,7 @@ def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers
                temperature=temperature, tokens_per_s=round(tokens / wall, 1),
                accept_length=round(statistics.fmean(m["spec_accept_length"] for m in metas), 3) if spec else None,
                tokens_per_step=round((tokens - len(answers)) / steps, 3) if spec and steps else None,
-               step_ms=step_ms, equal_to_none=equal, requests=len(answers))
+               step_ms=step_ms, forward_ms=forward_ms, equal_to_none=equal, requests=len(answers))
 
 
 @dataclass
@@ -163,12 +180,12 @@ def profile_table(rows: list[ProfileRow]) -> str:
 
 def table(rows: list[Row]) -> str:
     out = ["| configuration | batch | T | tokens/s | accept length | tokens / verify step | step ms (batch 1) | "
-           "T=0 equal to NONE |", "|---|---|---|---|---|---|---|---|"]
+           "SGLang forward ms / step | T=0 equal to NONE |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def f(v):
             return "" if v is None else v
         out.append(f"| {r.config} | {r.batch} | {r.temperature:g} | {r.tokens_per_s} | {f(r.accept_length)} | "
-                   f"{f(r.tokens_per_step)} | {f(r.step_ms)} | {f(r.equal_to_none)} |")
+                   f"{f(r.tokens_per_step)} | {f(r.step_ms)} | {f(r.forward_ms)} | {f(r.equal_to_none)} |")
     return "\n".join(out)
 
 
@@ -247,12 +264,13 @@ def main(argv=None) -> int:
             for batch in batches:
                 for temp in temps:
                     runs = [measure(server, prompts, batch, temp, args.max_new_tokens) for _ in range(args.repeats)]
-                    answers, wall, lat = sorted(runs, key=lambda r: r[1])[len(runs) // 2]   # the median wall time
+                    run = sorted(runs, key=lambda r: r.wall)[len(runs) // 2]             # the median wall time
                     if cfg.algorithm == "NONE" and temp == 0:
-                        none_outputs[batch] = [a["output_ids"] for a in answers]
+                        none_outputs[batch] = [a["output_ids"] for a in run.answers]
                     reference = none_outputs.get(batch) if temp == 0 and cfg.algorithm != "NONE" else None
-                    rows.append(summarize(cfg, batch, temp, answers, wall, lat, reference))
-                    rows[-1].walls = [round(r[1], 4) for r in runs]
+                    rows.append(summarize(cfg, batch, temp, run.answers, run.wall, run.latencies, reference,
+                                          run.forward_s))
+                    rows[-1].walls = [round(r.wall, 4) for r in runs]
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
                     (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
         for name in profiled:

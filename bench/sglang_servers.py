@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 GRAPH_MAX_BS = 8
+FORWARD_SECONDS = re.compile(r'^sglang:forward_execution_seconds_total\{[^}]*category="([a-z_]+)"[^}]*\} ([0-9.e+-]+)$',
+                             re.MULTILINE)
+PREFILL_CATEGORIES = {"extend", "split_prefill"}
+SERVER_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}   # SGLang's forward device timer (forward_seconds)
 MAX_NEW_TOKENS = 128
 
 
@@ -121,7 +126,7 @@ class Server:
         with open(self.log, "w") as out:
             # a session of its own: stop() ends the server's process group (scheduler, detokenizer) by PID
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, **dict(self.config.env)})
+                                         env={**os.environ, **SERVER_ENV, **dict(self.config.env)})
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -188,6 +193,17 @@ class Server:
         while time.monotonic() < deadline and not list(outdir.rglob("*.json*")):
             time.sleep(1)
         return sorted(outdir.rglob("*.json*"))
+
+    def forward_seconds(self) -> float | None:
+        """SGLang's own device time of the decode-side forward passes so far (graph replays of decode,
+        target verify and the DFlash draft; prefill left out): sglang:forward_execution_seconds_total,
+        which 0.5.23 keeps when SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 (set for every server here)."""
+        total, seen = 0.0, False
+        for m in FORWARD_SECONDS.finditer(self.metrics()):
+            seen = True
+            if m.group(1) not in PREFILL_CATEGORIES:
+                total += float(m.group(2))
+        return total if seen else None
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:

@@ -72,6 +72,9 @@ def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
     assert ddtree.tokens_per_s == 16.0 and ddtree.accept_length == 2.25
     assert ddtree.tokens_per_step == 2.0                                    # (8 - 2 first tokens) / 3 verify steps
     assert ddtree.step_ms == round(1000 * (0.2 / 2 + 0.3 / 3) / 2, 3) and ddtree.equal_to_none == "1/2"
+    timed = e2e.summarize(servers.ddtree(32, 8), 1, 0.0, tree, 0.5, [0.2, 0.3], None, forward_s=0.006)
+    assert timed.forward_ms == 2.0                                          # 6 ms of forward passes / 3 verify steps
+    assert e2e.summarize(servers.NONE, 1, 0.0, none, 2.0, [1.0, 1.0], None, forward_s=0.003).forward_ms == 0.5
     text = e2e.table(rows)
     assert text.splitlines()[-1].startswith("| ddtree-b32-c8-graphs | 1 | 0 | 16.0 | 2.25 | 2.0 |")
     e2e.plot(rows, tmp_path / "plot.png")
@@ -119,3 +122,20 @@ def test_profile_table_from_a_servers_log(monkeypatch):
     assert [(r.config, r.batch) for r in rows] == [("ddtree-b32-c8-graphs", 1)]     # no line for batch 8
     text = e2e.profile_table(rows)
     assert "| ddtree-b32-c8-graphs | 1 | 0.900 / 0.900 | 0.500 / 0.600 | 3.000 / 3.000 |" in text
+
+
+def test_forward_seconds_read_from_sglangs_metrics_leave_out_prefill(monkeypatch):
+    from tests.helpers import import_bench
+
+    servers = import_bench("sglang_servers")
+    server = servers.Server(servers.NONE, 1, Path("/dev/null"))
+    text = ("# HELP sglang:forward_execution_seconds_total Total time that GPU is busy\n"
+            'sglang:forward_execution_seconds_total{category="target_verify",model_name="m"} 1.5\n'
+            'sglang:forward_execution_seconds_total{category="extend",model_name="m"} 9.0\n'
+            'sglang:forward_execution_seconds_total{category="decode",model_name="m"} 2.5e-01\n'
+            'sglang:spec_accept_length{model_name="m"} 4.0\n')
+    monkeypatch.setattr(server, "metrics", lambda: text)
+    assert server.forward_seconds() == 1.75
+    monkeypatch.setattr(server, "metrics", lambda: 'sglang:spec_accept_length{model_name="m"} 4.0\n')
+    assert server.forward_seconds() is None                               # the timer was off
+    assert servers.SERVER_ENV == {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
