@@ -91,6 +91,21 @@ def near_ties_against_plain(plain: harness.Server, prompt: list[int], want: list
     return gaps, None
 
 
+def compare_with_plain(plain: harness.Server, prompts: list[list[int]], want: list[list[int]],
+                       have: list[list[int]]) -> tuple[int, list[float], list[tuple[int, str]]]:
+    """Outputs `have` against plain decoding's `want`, prompt by prompt: how many are identical, the
+    near-tie gaps re-anchored, and the real differences (prompt index, where and why)."""
+    exact, ties, wrong = 0, [], []
+    for i, (w, h) in enumerate(zip(want, have)):
+        exact += w == h
+        if w != h:
+            gaps, difference = near_ties_against_plain(plain, prompts[i], w, h)
+            ties += gaps
+            if difference:
+                wrong.append((i, difference))
+    return exact, ties, wrong
+
+
 # --- the export -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
@@ -165,13 +180,10 @@ def test_ddtree_greedy_equals_no_speculation(fleet, name, prompts, none_greedy, 
     record_property("accept length (8 at once)", round(mean_accept(eight), 3))
     plain, exact, ties, wrong = fleet.get("none"), 0, [], []
     for mode, got in (("one by one", outputs(one_by_one)), ("8 at once", outputs(eight))):
-        for i, (want, have) in enumerate(zip(none_greedy, got)):
-            exact += want == have
-            if want != have:
-                gaps, difference = near_ties_against_plain(plain, prompts[i], want, have)
-                ties += gaps
-                if difference:
-                    wrong.append((mode, i, difference))
+        same, gaps, differences = compare_with_plain(plain, prompts, none_greedy, got)
+        exact += same
+        ties += gaps
+        wrong += [(mode, i, difference) for i, difference in differences]
     record_property("identical to NONE", f"{exact}/{2 * len(prompts)}")
     record_property("bf16 near ties re-anchored (NONE's top-2 gaps)", ties)
     record_property("real differences", wrong)

@@ -25,7 +25,7 @@ import statistics
 import pytest
 import torch
 
-from tests.gpu_sglang.test_ddtree_server import NEAR_TIE, first_divergence, near_ties_against_plain, outputs, ready, top2
+from tests.gpu_sglang.test_ddtree_server import NEAR_TIE, compare_with_plain, first_divergence, outputs, ready, top2
 from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
@@ -38,18 +38,6 @@ PLAIN_TP2 = "none-tp2"
 TREE_TP1 = "ddtree-b32-c8-graphs"
 TREE_TP2 = "ddtree-b32-c8-graphs-tp2"
 NEW_TOKENS = 256
-
-
-def compare(plain, prompts, want, have) -> tuple[int, list[float], list[tuple[int, str]]]:
-    exact, ties, wrong = 0, [], []
-    for i, (w, h) in enumerate(zip(want, have)):
-        exact += w == h
-        if w != h:
-            gaps, difference = near_ties_against_plain(plain, prompts[i], w, h)
-            ties += gaps
-            if difference:
-                wrong.append((i, difference))
-    return exact, ties, wrong
 
 
 def plain_choice(plain, context: list[int], token: int) -> tuple[bool, float]:
@@ -69,7 +57,7 @@ def test_tp2_greedy_equals_plain_tp2_and_ddtree_tp1(fleet, prompts, record_prope
     for concurrency in (1, 8):
         answers = tree2.complete_all(prompts, greedy, concurrency)
         have = outputs(answers)
-        exact, ties, wrong = compare(plain2, prompts, want, have)
+        exact, ties, wrong = compare_with_plain(plain2, prompts, want, have)
         record_property(f"{concurrency} at once: identical to NONE TP2", f"{exact}/{len(prompts)}")
         record_property(f"{concurrency} at once: near ties re-anchored", ties)
         record_property(f"{concurrency} at once: accept length",
