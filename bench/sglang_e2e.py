@@ -15,8 +15,10 @@ batch 8 (8 in flight), temperature 0 and 0.7 (top-p 0.9, top-k 50), the held-out
 (SGLang's spec_accept_length, mean over requests), tokens per verify step (decoded tokens /
 spec_verify_ct), client step time (batch 1: request latency / (verify steps + 1)), SGLang's own
 device time of a step's forward passes (sglang:forward_execution_seconds_total over the measured
-span / decode steps; target verify + draft for DFLASH/DDTREE, the decode pass for NONE), and at
-temperature 0 how many outputs equal NONE's. Writes OUT/results.json, OUT/table.md and
+span / request steps; target verify + draft for DFLASH/DDTREE, the decode pass for NONE), tokens
+per device second (decoded tokens / that device time: what the GPU sustains if the host took no
+time - the step here is host-bound, the production host's is not), and at temperature 0 how many
+outputs equal NONE's. Writes OUT/results.json, OUT/table.md and
 OUT/tokens_per_s.png; prints the table.
 
 Where the time goes: `--profile NAME,...` adds, for each DDTREE configuration named, a second
@@ -59,10 +61,13 @@ class Row:
     accept_length: float | None
     tokens_per_step: float | None
     step_ms: float | None           # batch 1 only: mean request latency / (verify steps + 1)
-    forward_ms: float | None        # SGLang's device time of a decode step's forward passes (target + draft)
+    forward_ms: float | None        # SGLang's forward device time (target + draft) per request step: at batch 8
+                                    # a batched pass is shared by up to 8 requests' steps
     equal_to_none: str | None       # temperature 0: "k/n"
     requests: int
     walls: list[float] | None = None  # wall seconds of each repeat (the row is the median one's)
+    device_tokens_per_s: float | None = None  # decoded tokens / SGLang's forward device seconds: the
+                                              # throughput if the host took no time (CPU speed does not move it)
 
 
 K16 = ("dflash-k16", "ddtree-b16-c8-graphs-k16", "ddtree-b32-c8-graphs-k16", "ddtree-b64-c8-graphs-k16",
@@ -136,7 +141,9 @@ def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers
                     for lat, m, a in zip(latencies, metas, answers)]
         step_ms = round(1000 * statistics.fmean(per_step), 3)
     decode_steps = steps if spec else sum(len(a["output_ids"]) - 1 for a in answers)
-    forward_ms = round(1000 * forward_s / decode_steps, 3) if forward_s is not None and decode_steps else None
+    forward_ms = round(1000 * forward_s / decode_steps, 3) if forward_s and decode_steps else None
+    decoded = tokens - len(answers)                      # the first token of each request comes from the prefill
+    device_tps = round(decoded / forward_s, 1) if forward_s else None
     equal = None
     if none_outputs is not None:
         same = sum(a["output_ids"] == n for a, n in zip(answers, none_outputs))
@@ -146,7 +153,8 @@ def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers
                temperature=temperature, tokens_per_s=round(tokens / wall, 1),
                accept_length=round(statistics.fmean(m["spec_accept_length"] for m in metas), 3) if spec else None,
                tokens_per_step=round((tokens - len(answers)) / steps, 3) if spec and steps else None,
-               step_ms=step_ms, forward_ms=forward_ms, equal_to_none=equal, requests=len(answers))
+               step_ms=step_ms, forward_ms=forward_ms, equal_to_none=equal, requests=len(answers),
+               device_tokens_per_s=device_tps)
 
 
 @dataclass
@@ -179,13 +187,15 @@ def profile_table(rows: list[ProfileRow]) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    out = ["| configuration | batch | T | tokens/s | accept length | tokens / verify step | step ms (batch 1) | "
-           "SGLang forward ms / step | T=0 equal to NONE |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| configuration | block | batch | T | tokens/s | accept length | tokens / verify step | step ms (batch 1) | "
+           "SGLang forward ms / request step | tokens / device s | T=0 equal to NONE |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def f(v):
             return "" if v is None else v
-        out.append(f"| {r.config} | {r.batch} | {r.temperature:g} | {r.tokens_per_s} | {f(r.accept_length)} | "
-                   f"{f(r.tokens_per_step)} | {f(r.step_ms)} | {f(r.forward_ms)} | {f(r.equal_to_none)} |")
+        out.append(f"| {r.config} | {r.block} | {r.batch} | {r.temperature:g} | {r.tokens_per_s} | "
+                   f"{f(r.accept_length)} | {f(r.tokens_per_step)} | {f(r.step_ms)} | {f(r.forward_ms)} | "
+                   f"{f(r.device_tokens_per_s)} | {f(r.equal_to_none)} |")
     return "\n".join(out)
 
 

@@ -74,9 +74,11 @@ def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
     assert ddtree.step_ms == round(1000 * (0.2 / 2 + 0.3 / 3) / 2, 3) and ddtree.equal_to_none == "1/2"
     timed = e2e.summarize(servers.ddtree(32, 8), 1, 0.0, tree, 0.5, [0.2, 0.3], None, forward_s=0.006)
     assert timed.forward_ms == 2.0                                          # 6 ms of forward passes / 3 verify steps
+    assert timed.device_tokens_per_s == 1000.0                              # 6 decoded tokens / 6 ms
+    assert rows[2].device_tokens_per_s is None                              # the device timer was off
     assert e2e.summarize(servers.NONE, 1, 0.0, none, 2.0, [1.0, 1.0], None, forward_s=0.003).forward_ms == 0.5
     text = e2e.table(rows)
-    assert text.splitlines()[-1].startswith("| ddtree-b32-c8-graphs | 1 | 0 | 16.0 | 2.25 | 2.0 |")
+    assert text.splitlines()[-1].startswith("| ddtree-b32-c8-graphs | 8 | 1 | 0 | 16.0 | 2.25 | 2.0 |")
     e2e.plot(rows, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
     assert [c.name for c in e2e.configurations(quick=True, k16=False)] == ["none", "dflash", "ddtree-b32-c8-graphs",

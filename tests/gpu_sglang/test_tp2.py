@@ -8,7 +8,8 @@
   choice there (or a near tie of it), so the difference is one between plain decoding at TP 1 and
   at TP 2 (a split all-reduce sums in another order), not one DDTREE adds. The first run
   (2026-11-30) compared both against plain TP 2 only and failed on such a point (plain TP 2's
-  top-2 gap 0.094 where DDTREE TP 1 took the other token); this form has not run yet.
+  top-2 gap 0.094 where DDTREE TP 1 took the other token); this form passed in the second run
+  that day (4 such points, every one its own TP size's plain choice or a near tie).
 The draft head's candidate merge goes through SGLang's TP group: one all-gather per step of every
 rank's packed top-K (float64 [bs, L, 2K + 1]: K logits, K ids, the log-normaliser), not the
 logits; its size and its kernel time in SGLang's own torch-profiler trace are recorded. Every
