@@ -22,7 +22,7 @@ ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBL
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
 	@echo "make test        the whole suite: CPU tests, Ansible checks, the sandbox host (creates what it needs)"
-	@echo "make sandbox     boot the local sandbox host (cached rootfs, ssh on 127.0.0.1:2222); sandbox-down stops it"
+	@echo "make sandbox     boot the local sandbox fleet: 2 server hosts + a gateway host (cached rootfs, ssh on 127.0.0.1:2222-2224); sandbox-down stops it"
 	@echo "make test-unit   algorithm unit tests only"
 	@echo "make venv        create/refresh the pinned CPU test venv in $(CACHE)"
 
@@ -81,12 +81,13 @@ test: venv sandbox sglang-venv gateway-venv
 $(SANDBOX_MODEL)/target/config.json: | venv
 	$(PY) -m ddtree.reference.init --out $(SANDBOX_MODEL) --seed 0 --preset tiny
 
+# the sandbox fleet: two server hosts and a gateway host (tools/sandbox.sh names them)
 sandbox: $(SANDBOX_MODEL)/target/config.json
-	tools/sandbox.sh up
-	tools/sandbox.sh stage $(SANDBOX_MODEL) tiny-seed0
+	tools/sandbox.sh fleet up
+	tools/sandbox.sh fleet stage $(SANDBOX_MODEL) tiny-seed0
 
 sandbox-down:
-	tools/sandbox.sh down
+	tools/sandbox.sh fleet down
 
 deploy: venv sandbox
 	$(ANSIBLE_ENV) $(VENV)/bin/ansible-playbook deploy.yml

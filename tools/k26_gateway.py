@@ -3,12 +3,17 @@
     k26_gateway.py serve --config /etc/k26/gateway.yaml
         smg's router in this process, with the settings and keys of the file; no key reaches the
         command line or the environment (smg's own CLI takes keys only as arguments).
+    k26_gateway.py check --config FILE
+        read and check the file (the deploy validates a new file with it before it replaces the old)
     k26_gateway.py pool --config FILE status
     k26_gateway.py pool --config FILE take-out URL [--timeout S]
         DELETE /workers/{id}: smg marks the worker "draining", lets its in-flight requests finish
         and then drops it; this waits until it is gone (so nothing is routed to it any more).
     k26_gateway.py pool --config FILE put-back URL [--timeout S]
         POST /workers, then wait until the worker is healthy and ready.
+    k26_gateway.py probe --config FILE --model NAME [--requests N]
+        N completions through the gateway with the clients' key from the file (never on the command
+        line); prints how many answered and fails unless all did with text.
 
 The file (YAML, 0640 root:<gateway group>):
     host: 127.0.0.1            port: 30080
@@ -41,6 +46,14 @@ MIN_KEY = 16
 
 class GatewayConfigError(ValueError):
     """A setting of the gateway file that cannot work; the message names it, its value and the fix."""
+
+
+class GatewayHTTPError(RuntimeError):
+    """The gateway's worker API refused a call (status and smg's error code kept)."""
+
+    def __init__(self, method: str, path: str, status: int, body: str):
+        super().__init__(f"gateway {method} {path} answered {status}: {body[:300]}")
+        self.status, self.body = status, body
 
 
 @dataclass(frozen=True)
@@ -194,8 +207,7 @@ class Pool:
             with urllib.request.urlopen(req, timeout=10) as r:
                 return json.loads(r.read() or b"{}")
         except urllib.error.HTTPError as err:
-            raise RuntimeError(f"gateway {method} {path} answered {err.code}: "
-                               f"{err.read().decode(errors='replace')[:300]}") from None
+            raise GatewayHTTPError(method, path, err.code, err.read().decode(errors="replace")) from None
 
     def workers(self) -> list[Worker]:
         return [Worker(id=w["id"], url=w["url"].rstrip("/"), status=w.get("status", ""),
@@ -229,7 +241,13 @@ class Pool:
             self._wait(f"the end of {url}'s draining", lambda: self.find(url) is None, timeout)
             worker = None
         if worker is None:
-            self._call("POST", "/workers", {"url": url.rstrip("/"), "api_key": self.cfg.api_key})
+            try:
+                self._call("POST", "/workers", {"url": url.rstrip("/"), "api_key": self.cfg.api_key})
+            except GatewayHTTPError as err:
+                # smg is still adding it (its start-up registration retries until the worker is
+                # healthy): waiting for it is the same as adding it
+                if err.status != 409 or "WORKER_CREATE_IN_PROGRESS" not in err.body:
+                    raise
 
         def ready() -> bool:
             w = self.find(url)
@@ -239,23 +257,56 @@ class Pool:
         return f"{url} in the pool"
 
 
+# --- a routed request --------------------------------------------------------------------------------
+
+def probe(cfg: GatewayConfig, model: str, requests: int, timeout: float = 60) -> dict:
+    """`requests` short completions through the gateway; {"sent", "answered", "errors"}."""
+    body = json.dumps({"model": model, "prompt": "The gateway routes", "max_tokens": 4,
+                       "temperature": 0}).encode()
+    answered, errors = 0, []
+    for _ in range(requests):
+        req = urllib.request.Request(cfg.url + "/v1/completions", data=body, method="POST",
+                                     headers={"Authorization": f"Bearer {cfg.api_key}",
+                                              "content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                text = json.loads(r.read())["choices"][0].get("text")
+            answered += isinstance(text, str)
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as err:
+            errors.append(f"{type(err).__name__}: {getattr(err, 'code', '')} {str(err)[:200]}")
+    return {"sent": requests, "answered": answered, "errors": errors[:3]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="k26_gateway", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the gateway")
     s.add_argument("--config", required=True)
+    c = sub.add_parser("check", help="check the file's settings and exit")
+    c.add_argument("--config", required=True)
     p = sub.add_parser("pool", help="the gateway's worker pool")
     p.add_argument("--config", required=True)
     p.add_argument("action", choices=("status", "take-out", "put-back"))
     p.add_argument("url", nargs="?")
     p.add_argument("--timeout", type=float, default=600)
+    q = sub.add_parser("probe", help="completions through the gateway with the clients' key")
+    q.add_argument("--config", required=True)
+    q.add_argument("--model", required=True)
+    q.add_argument("--requests", type=int, default=4)
     args = ap.parse_args(argv)
     try:
         cfg = load_config(args.config)
         if args.command == "serve":
             serve(cfg)
             return 0
+        if args.command == "check":
+            print(f"{args.config}: {len(cfg.workers)} workers, policy {cfg.policy}, port {cfg.port}")
+            return 0
+        if args.command == "probe":
+            result = probe(cfg, args.model, args.requests)
+            print(json.dumps(result))
+            return 0 if result["answered"] == result["sent"] else 1
         pool = Pool(cfg)
         if args.action == "status":
             print(json.dumps([w.__dict__ for w in pool.workers()], indent=1))

@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
-# The local sandbox host: a Debian rootfs booted with systemd-nspawn (a real systemd, no docker),
-# ssh on 127.0.0.1:2222, for `ansible-playbook deploy.yml` and testinfra.
+# The local sandbox hosts: Debian rootfs booted with systemd-nspawn (a real systemd, no docker),
+# for `ansible-playbook deploy.yml` and testinfra. The sandbox fleet is three of them, all on the
+# machine's own network (loopback), each with its own sshd port:
+#   k26-sandbox    ssh 127.0.0.1:2222   GPU-host stand-in 1 (service on :30000)
+#   k26-sandbox-2  ssh 127.0.0.1:2223   GPU-host stand-in 2 (service on :30001)
+#   k26-gateway    ssh 127.0.0.1:2224   the gateway host (smg on :30080)
 #
 #   tools/sandbox.sh up       build (cached) and boot; idempotent: a running sandbox is left as it is
 #   tools/sandbox.sh down     orderly poweroff by PID, cgroup leftovers removed
 #   tools/sandbox.sh reset    down, then forget the sandbox's disk (the cached rootfs tarball stays)
 #   tools/sandbox.sh status   running or not, and the PIDs
 #   tools/sandbox.sh exec CMD run CMD inside the guest (nsenter)
+#   tools/sandbox.sh fleet up|down|status|stage SRC NAME   the same for all three (stage: the two servers)
+# One host is chosen with K26_SANDBOX_HOST=k26-sandbox|k26-sandbox-2|k26-gateway (default k26-sandbox).
 #
 # The rootfs tarball is cached outside the repository, keyed by the suite and package list.
 # See ../shared/docs/systemd-sandbox.md for why each flag is there.
 set -euo pipefail
 
 CACHE="${K26_CACHE:-$HOME/.cache/k26-ddtree}"
-STATE="${K26_SANDBOX_DIR:-$CACHE/sandbox}"
+MAIN="${K26_SANDBOX_DIR:-$CACHE/sandbox}"    # the first host's folder; it holds the fleet's key and ssh config
 SUITE=bookworm
 PACKAGES=systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,openssh-server,sudo,iproute2,ca-certificates,procps,util-linux,curl
-MACHINE=k26sandbox
-SSH_PORT="${K26_SANDBOX_SSH_PORT:-2222}"
+FLEET=(k26-sandbox k26-sandbox-2 k26-gateway)
+SERVERS=(k26-sandbox k26-sandbox-2)
+HOST="${K26_SANDBOX_HOST:-k26-sandbox}"
+case "$HOST" in
+    k26-sandbox)   STATE="$MAIN";    MACHINE=k26sandbox;  SSH_PORT="${K26_SANDBOX_SSH_PORT:-2222}" ;;
+    k26-sandbox-2) STATE="$MAIN-2";  MACHINE=k26sandbox2; SSH_PORT=2223 ;;
+    k26-gateway)   STATE="$MAIN-gw"; MACHINE=k26gateway;  SSH_PORT=2224 ;;
+    *) printf 'sandbox: K26_SANDBOX_HOST=%s is not a sandbox host: use one of %s\n' "$HOST" "${FLEET[*]}" >&2; exit 2 ;;
+esac
 KEY_ID=$(printf '%s %s v1' "$SUITE" "$PACKAGES" | sha256sum | cut -c1-12)
 TARBALL="$CACHE/rootfs-$SUITE-$KEY_ID.tar.zst"
 ROOTFS="$STATE/rootfs"
@@ -70,9 +83,10 @@ prepare_rootfs() {
     log "unpacking rootfs into $ROOTFS"
     mkdir -p "$ROOTFS"
     zstd -q -dc "$TARBALL" | tar -C "$ROOTFS" --numeric-owner -xf -
-    [[ -f "$STATE/id_ed25519" ]] || ssh-keygen -q -t ed25519 -N '' -C k26-sandbox -f "$STATE/id_ed25519"
+    mkdir -p "$MAIN"
+    [[ -f "$MAIN/id_ed25519" ]] || ssh-keygen -q -t ed25519 -N '' -C k26-sandbox -f "$MAIN/id_ed25519"
     install -d -m 0700 "$ROOTFS/root/.ssh"
-    install -m 0600 "$STATE/id_ed25519.pub" "$ROOTFS/root/.ssh/authorized_keys"
+    install -m 0600 "$MAIN/id_ed25519.pub" "$ROOTFS/root/.ssh/authorized_keys"
     cat >"$ROOTFS/etc/ssh/sshd_config.d/k26-sandbox.conf" <<EOF
 Port $SSH_PORT
 ListenAddress 127.0.0.1
@@ -86,17 +100,29 @@ EOF
 }
 
 write_ssh_config() {
-    cat >"$STATE/ssh_config" <<EOF
-Host k26-sandbox sandbox 127.0.0.1
+    # one file for the whole fleet, in the first host's folder (the inventory and the tests read it)
+    mkdir -p "$MAIN"
+    local name port aliases
+    : >"$MAIN/ssh_config.tmp"
+    for name in "${FLEET[@]}"; do
+        case "$name" in
+            k26-sandbox) port="${K26_SANDBOX_SSH_PORT:-2222}"; aliases="k26-sandbox sandbox 127.0.0.1" ;;
+            k26-sandbox-2) port=2223; aliases="k26-sandbox-2" ;;
+            k26-gateway) port=2224; aliases="k26-gateway" ;;
+        esac
+        cat >>"$MAIN/ssh_config.tmp" <<EOF
+Host $aliases
     HostName 127.0.0.1
-    Port $SSH_PORT
+    Port $port
     User root
-    IdentityFile $STATE/id_ed25519
+    IdentityFile $MAIN/id_ed25519
     IdentitiesOnly yes
     StrictHostKeyChecking no
     UserKnownHostsFile /dev/null
     LogLevel ERROR
 EOF
+    done
+    mv "$MAIN/ssh_config.tmp" "$MAIN/ssh_config"
 }
 
 guest_init() { pgrep -P "$(cat "$NSPAWN_PID")" | head -1; }
@@ -105,10 +131,16 @@ boot() {
     mkdir -p /run/systemd
     rm -f "$STATE/stop"
     # supervisor: re-run nspawn when the guest reboots (exit code 133 with --keep-unit)
+    # each host's nspawn runs in a cgroup of its own name (/sys/fs/cgroup/{systemd,unified}/NAME), so
+    # the fleet's containers do not collide in nspawn's payload/ and supervisor/ folders
     setsid bash -c '
         while :; do
             unshare --mount --propagation private bash -c "
                 mount -t tmpfs tmpfs /run/systemd
+                for h in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified; do
+                    [ -d \$h ] || continue
+                    mkdir -p \$h/$3 && echo \$\$ > \$h/$3/cgroup.procs
+                done
                 echo \$\$ > \"$1\"
                 exec systemd-nspawn --boot -D \"$2\" -M \"$3\" --register=no --keep-unit --console=read-only"
             rc=$?
@@ -128,13 +160,13 @@ boot() {
         sleep 0.2
     done
     for i in $(seq 1 100); do
-        if ssh -F "$STATE/ssh_config" -o ConnectTimeout=2 k26-sandbox true 2>/dev/null; then
-            log "up: ssh -F $STATE/ssh_config k26-sandbox (nspawn PID $(cat "$NSPAWN_PID"))"
+        if ssh -F "$MAIN/ssh_config" -o ConnectTimeout=2 "$HOST" true 2>/dev/null; then
+            log "up: ssh -F $MAIN/ssh_config $HOST (nspawn PID $(cat "$NSPAWN_PID"))"
             return
         fi
         sleep 0.2
     done
-    die "guest booted but ssh on 127.0.0.1:$SSH_PORT does not answer; see $LOG"
+    die "guest $HOST booted but ssh on 127.0.0.1:$SSH_PORT does not answer; see $LOG"
 }
 
 cleanup_cgroups() {
@@ -143,6 +175,7 @@ cleanup_cgroups() {
         [[ -d "$root" ]] || continue
         find "$root" -depth -mindepth 1 -type d \( -name payload -o -name supervisor -o -path '*/payload/*' \) \
             -exec rmdir {} + 2>/dev/null || true
+        [[ -d "$root/$MACHINE" ]] && rmdir "$root/$MACHINE" 2>/dev/null || true
     done
 }
 
@@ -187,14 +220,26 @@ down() {
     cleanup_cgroups
 }
 
+fleet() {
+    local action="${1:-}" name rc=0
+    shift || true
+    case "$action" in
+        up|down|status) for name in "${FLEET[@]}"; do K26_SANDBOX_HOST="$name" "$0" "$action" || rc=$?; done ;;
+        stage) for name in "${SERVERS[@]}"; do K26_SANDBOX_HOST="$name" "$0" stage "$@" || rc=$?; done ;;
+        *) die "usage: $0 fleet up|down|status|stage SRC NAME" ;;
+    esac
+    return $rc
+}
+
 case "${1:-}" in
+    fleet) shift; fleet "$@" ;;
     up) up ;;
     down) down ;;
     reset) down; rm -rf "$ROOTFS"; log "disk forgotten" ;;
     status)
-        if alive "$NSPAWN_PID"; then echo "running nspawn=$(cat "$NSPAWN_PID") init=$(guest_init)"; else echo "stopped"; exit 3; fi ;;
+        if alive "$NSPAWN_PID"; then echo "$HOST running nspawn=$(cat "$NSPAWN_PID") init=$(guest_init)"; else echo "$HOST stopped"; exit 3; fi ;;
     exec) shift; alive "$NSPAWN_PID" || die "not running"; nsenter -t "$(guest_init)" -a "$@" ;;
-    ssh-config) echo "$STATE/ssh_config" ;;
+    ssh-config) echo "$MAIN/ssh_config" ;;
     stage)  # stage SRC NAME: copy a model directory to /srv/models/NAME inside the guest (as production pre-stages weights)
         [[ -d "${2:-}" && -n "${3:-}" ]] || die "usage: $0 stage SRC_DIR NAME"
         mkdir -p "$ROOTFS/srv/models"
@@ -204,5 +249,5 @@ case "${1:-}" in
             chmod -R a+rX "$ROOTFS/srv/models/$3"
             log "staged $2 as /srv/models/$3"
         fi ;;
-    *) die "usage: $0 up|down|reset|status|exec CMD|ssh-config|stage SRC NAME" ;;
+    *) die "usage: $0 up|down|reset|status|exec CMD|ssh-config|stage SRC NAME|fleet up|down|status|stage SRC NAME" ;;
 esac

@@ -33,19 +33,25 @@ class Play:
         return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line.group(1))}
 
 
-def deploy(*extra: str, tmp: Path | None = None, playbook: str = "deploy.yml") -> Play:
+# The sandbox inventory is a fleet (two server hosts behind a gateway host); the single-host tests
+# deploy to the first server only and leave the gateway alone; tests/infra/test_fleet.py rolls the fleet.
+SINGLE_HOST = ("--limit", "sandbox", "-e", "k26_gateway_pool=false")
+
+
+def deploy(*extra: str, tmp: Path | None = None, playbook: str = "deploy.yml", fleet: bool = False) -> Play:
     env = os.environ.copy()
     scratch = tmp or CACHE / "ansible-test"
     env.update(PATH=f"{BIN}:{env.get('PATH', '')}", ANSIBLE_HOME=str(scratch / "home"),
                ANSIBLE_LOCAL_TEMP=str(scratch / "tmp"), ANSIBLE_NOCOLOR="1")
     t0 = time.perf_counter()
-    r = subprocess.run([str(BIN / "ansible-playbook"), playbook, *extra], cwd=ROOT, env=env,
+    scope = () if fleet else SINGLE_HOST
+    r = subprocess.run([str(BIN / "ansible-playbook"), playbook, *scope, *extra], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1800)
     return Play(r.returncode, r.stdout + r.stderr, time.perf_counter() - t0)
 
 
-def guest(cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ssh", "-F", str(SANDBOX / "ssh_config"), "k26-sandbox", cmd], capture_output=True,
+def guest(cmd: str, check: bool = True, host: str = "k26-sandbox") -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-F", str(SANDBOX / "ssh_config"), host, cmd], capture_output=True,
                           text=True, timeout=120, check=check)
 
 
@@ -73,9 +79,9 @@ def journal_since_session() -> str:
 
 @pytest.fixture(scope="session")
 def sandbox_up():
-    r = subprocess.run([str(ROOT / "tools" / "sandbox.sh"), "status"], capture_output=True, text=True)
+    r = subprocess.run([str(ROOT / "tools" / "sandbox.sh"), "fleet", "status"], capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.fail("the sandbox host is not running: run `make sandbox` (make test does it)")
+        pytest.fail(f"the sandbox fleet is not running ({r.stdout.strip()}): run `make sandbox` (make test does it)")
     return SANDBOX
 
 
@@ -97,6 +103,8 @@ def host(converged):
 
 
 def pytest_collection_modifyitems(config, items):
-    """tests/infra/test_secrets.py runs last: it searches everything the other tests left behind
-    (the journal after deploys, verifies, sweeps and validations; the snapshot and rollback folders)."""
-    items.sort(key=lambda item: item.fspath.basename == "test_secrets.py")
+    """tests/infra/test_fleet.py runs after the single-host tests (its rolls change the first server's
+    settings), and test_secrets.py last: it searches everything the other tests left behind (the
+    journal after deploys, verifies, sweeps, validations and rolls; the snapshot and rollback folders)."""
+    order = {"test_fleet.py": 1, "test_secrets.py": 2}
+    items.sort(key=lambda item: order.get(item.fspath.basename, 0))

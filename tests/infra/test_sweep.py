@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from .conftest import BIN, ROOT, deploy, guest
+from .conftest import BIN, ROOT, SINGLE_HOST, deploy, guest
 
 SMALL = '{"sweep_budgets": [4, 8, 16], "sweep_topk_caps": [4], "sweep_max_tokens": 12, "sweep_concurrency": 2}'
 
@@ -61,7 +61,7 @@ def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
     env = os.environ.copy()
     env.update(PATH=f"{BIN}:{env['PATH']}", ANSIBLE_HOME=str(tmp_path / "home"), ANSIBLE_NOCOLOR="1")
     log = (tmp_path / "killed.log").open("w")
-    proc = subprocess.Popen([str(BIN / "ansible-playbook"), "playbooks/sweep.yml", "-e", SMALL, "-e",
+    proc = subprocess.Popen([str(BIN / "ansible-playbook"), "playbooks/sweep.yml", *SINGLE_HOST, "-e", SMALL, "-e",
                              f"sweep_results_root={tmp_path}"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     deadline = time.time() + 180

@@ -147,6 +147,20 @@ def test_the_gateway_routes_with_the_key_and_keeps_keys_off_its_command_line(fle
     assert httpx.get(fleet.url + "/workers", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 401
 
 
+def test_probe_sends_completions_with_the_files_key_and_fails_when_one_is_refused(fleet, tmp_path):
+    model = str(fleet.workers[0].pair_dir / "target")
+    ok = subprocess.run([fleet.python, str(SCRIPT), "probe", "--config", str(fleet.config), "--model", model,
+                         "--requests", "3"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and json.loads(ok.stdout) == {"sent": 3, "answered": 3, "errors": []}, ok.stdout
+    assert API_KEY not in ok.stdout + ok.stderr
+    wrong = tmp_path / "wrong-key.yaml"                       # the gateway refuses a key it does not hold
+    wrong.write_text(json.dumps({**json.loads(fleet.config.read_text()), "api_key": "not-the-gateways-key"}))
+    bad = subprocess.run([fleet.python, str(SCRIPT), "probe", "--config", str(wrong), "--model", model,
+                          "--requests", "2"], capture_output=True, text=True, timeout=120)
+    result = json.loads(bad.stdout)
+    assert bad.returncode == 1 and result["answered"] == 0 and "401" in result["errors"][0], bad.stdout
+
+
 def test_take_out_drains_with_no_failed_request_and_put_back_restores(fleet):
     results, stop = [], threading.Event()
 
