@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from ddtree.reference import generate, load_pair
+from ddtree.serve.app import create_app
 
 from .conftest import API_KEY, check_simultaneous_requests_match_the_engine, completion, start_server
 
@@ -218,6 +220,29 @@ def test_sigterm_drains_an_in_flight_request(tmp_path, pair_dir):
     assert last["usage"]["completion_tokens"] == 400 or last["choices"][0]["finish_reason"] == "stop"
     with pytest.raises(httpx.HTTPError):
         httpx.get(srv.url + "/ready", timeout=2)
+
+
+def test_a_draining_server_closes_each_connection_after_its_answer(pair_dir):
+    # a gateway polls /health on one kept-alive connection; one that connected just as the drain
+    # began would hold the process open until the graceful timeout unless the answers say "close"
+    from ddtree.serve import cli
+
+    ap = cli.parser()
+    args = cli.parse_args(ap, ["--model-path", str(pair_dir / "target"), "--speculative-algorithm", "NONE"])
+    decoder, settings = cli.load(args, ap)
+    app = create_app(settings, decoder, decoder.pair.tokenizer)
+    app.state.ready = True
+
+    async def ask() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            before = await c.get("/ready")
+            app.state.draining = True
+            return [before, await c.get("/health"), await c.get("/ready")]
+
+    before, health, ready = asyncio.run(ask())
+    assert before.status_code == 200 and before.headers.get("connection") != "close"
+    assert (health.status_code, health.headers.get("connection")) == (503, "close")
+    assert (ready.status_code, ready.headers.get("connection")) == (503, "close")
 
 
 @pytest.mark.parametrize("args,message", [

@@ -164,6 +164,16 @@ def create_app(settings: ServerSettings, decoder: Decoder, tokenizer: ByteTokeni
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
 
     @app.middleware("http")
+    async def close_when_draining(request: Request, call_next):
+        # a draining server ends every kept-alive connection after its answer: a gateway's health
+        # checker that connected as the drain began would otherwise hold the process open (it polls
+        # /health on one connection) until the graceful timeout
+        response = await call_next(request)
+        if app.state.draining:
+            response.headers["connection"] = "close"
+        return response
+
+    @app.middleware("http")
     async def check_api_key(request: Request, call_next):
         if settings.api_key and request.url.path not in OPEN_PATHS:
             if not key_matches(request.headers.get("authorization", ""), settings.api_key):

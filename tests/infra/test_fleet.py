@@ -1,0 +1,177 @@
+"""testinfra on the sandbox fleet: two server hosts behind the gateway host (smg), rolled one at a time.
+
+The fleet's converge (`deploy.yml` without a limit, as `make deploy` runs it) is this module's
+fixture; every test then sends its requests through the gateway on 127.0.0.1:30080, as a client
+of the fleet would, while the playbooks change the hosts behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from .conftest import deploy, guest
+
+GATEWAY = "http://127.0.0.1:30080"
+API_KEY = "sandbox-demo-key"
+ADMIN_KEY = "sandbox-gateway-admin-key"
+SERVERS = {"sandbox": ("k26-sandbox", "http://127.0.0.1:30000"), "sandbox2": ("k26-sandbox-2", "http://127.0.0.1:30001")}
+HEALTH_INTERVAL, FAILURES = 1, 2          # inventory/sandbox/group_vars/k26_gateway/gateway.yml
+TOOL = "/opt/k26-gateway/venv/bin/python /opt/k26-gateway/bin/k26_gateway.py"
+
+
+@dataclass
+class Traffic:
+    """`clients` threads sending short completions through the gateway until stopped."""
+    clients: int = 4
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not self._stop.is_set():
+                try:
+                    r = client.post(GATEWAY + "/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                                    json={"model": "k26-sandbox-tiny", "prompt": "roll", "max_tokens": 4})
+                    good = r.status_code == 200 and isinstance(r.json()["choices"][0]["text"], str)
+                    outcome = None if good else f"{r.status_code}: {r.text[:200]}"
+                except (httpx.HTTPError, ValueError, KeyError) as err:
+                    outcome = f"{type(err).__name__}: {err}"
+                with self._lock:
+                    if outcome is None:
+                        self.ok += 1
+                    else:
+                        self.failures.append(outcome)
+
+    def __enter__(self) -> Traffic:
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(self.clients)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=90)
+
+
+def pool() -> dict[str, dict]:
+    """The gateway's pool by worker URL (through the tool on the gateway host, with its admin key)."""
+    r = guest(f"{TOOL} pool --config /etc/k26-gateway/gateway.yaml status", host="k26-gateway", check=False)
+    return {w["url"]: w for w in json.loads(r.stdout)} if r.returncode == 0 else {}
+
+
+def ready(url: str) -> bool:
+    w = pool().get(url)
+    return bool(w and w["healthy"] and w["status"] == "ready")
+
+
+def budget(name: str) -> int:
+    unit = guest("cat /etc/systemd/system/k26-ddtree.service", host=SERVERS[name][0]).stdout
+    return int(re.search(r"--speculative-ddtree-budget (\d+)", unit).group(1))
+
+
+def wait_until(ok, timeout: float, what: str) -> float:
+    """Seconds until ok() held; fails after timeout."""
+    t0 = time.monotonic()
+    while not ok():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s (pool: {pool()})")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def fleet_lock_free() -> bool:
+    return guest("ls /run/k26-fleet/ | grep -c '^token\\.' || true", host="k26-gateway").stdout.strip() == "0"
+
+
+@pytest.fixture(scope="module")
+def fleet(sandbox_up):
+    play = deploy(fleet=True)
+    assert play.rc == 0, play.out[-5000:]
+    assert "gateway healthy on port 30080: 2 workers ready" in play.out
+    return play
+
+
+def test_the_gateway_unit_verifies_and_its_keys_stay_in_its_file(fleet):
+    assert guest("systemd-analyze verify /etc/systemd/system/k26-gateway.service", host="k26-gateway",
+                 check=False).returncode == 0
+    assert guest("stat -c '%a %U %G' /etc/k26-gateway/gateway.yaml", host="k26-gateway").stdout.split() == \
+        ["640", "root", "k26gw"]
+    pid = guest("systemctl show -p MainPID --value k26-gateway", host="k26-gateway").stdout.strip()
+    seen = guest(f"cat /proc/{pid}/cmdline /proc/{pid}/environ | tr '\\0' ' '", host="k26-gateway").stdout
+    exec_start = guest("systemctl show -p ExecStart --value k26-gateway", host="k26-gateway").stdout
+    assert "k26_gateway.py serve --config /etc/k26-gateway/gateway.yaml" in exec_start   # (smg retitles its process)
+    assert API_KEY not in exec_start and ADMIN_KEY not in exec_start
+    assert API_KEY not in seen and ADMIN_KEY not in seen
+    assert guest("ps -o user= -p " + pid, host="k26-gateway").stdout.strip() == "k26gw"
+    assert httpx.post(GATEWAY + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 401
+    assert httpx.get(GATEWAY + "/workers", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 401
+    assert all(ready(url) for _, url in SERVERS.values()), pool()
+    assert fleet_lock_free()
+
+
+def test_a_rolling_deploy_changes_both_hosts_with_no_failed_request(fleet):
+    start = {name: budget(name) for name in SERVERS}
+    new = 12 if start["sandbox"] != 12 else 20
+    with Traffic() as traffic:
+        play = deploy("-e", f"k26_ddtree_budget={new}", fleet=True)
+    assert play.rc == 0, play.out[-5000:]
+    assert traffic.failures == [] and traffic.ok > 50, (traffic.ok, traffic.failures[:5])
+    assert {name: budget(name) for name in SERVERS} == {"sandbox": new, "sandbox2": new}
+    # one host at a time: the pool commands run on the gateway for sandbox (take-out, put-back),
+    # and only then for sandbox2
+    order = [m.group(1) for m in re.finditer(r"(?:changed|ok): \[(sandbox2?) -> gateway", play.out)]
+    assert order == ["sandbox", "sandbox", "sandbox2", "sandbox2"], order
+    assert all(ready(url) for _, url in SERVERS.values()) and fleet_lock_free()
+
+
+def test_a_second_host_that_fails_its_smoke_rolls_back_alone_and_both_keep_serving(fleet, tmp_path):
+    before = {name: budget(name) for name in SERVERS}
+    new = 24 if before["sandbox"] != 24 else 28
+    extra = tmp_path / "second-host-fails.yml"
+    # the smoke asks sandbox2 for more tokens than the tiny model's context: its server answers 400
+    extra.write_text(f"k26_ddtree_budget: {new}\n"
+                     "k26_smoke_max_tokens: \"{{ 4096 if inventory_hostname == 'sandbox2' else 32 }}\"\n")
+    with Traffic() as traffic:
+        play = deploy("-e", f"@{extra}", fleet=True)
+    assert play.rc != 0
+    text = re.sub(r"\s+", " ", play.out)
+    assert "deploy of sandbox2 failed at" in text and "the roll stops here" in text, text[-3000:]
+    assert {name: budget(name) for name in SERVERS} == {"sandbox": new, "sandbox2": before["sandbox2"]}
+    assert traffic.failures == [] and traffic.ok > 20, (traffic.ok, traffic.failures[:5])
+    assert all(ready(url) for _, url in SERVERS.values()), pool()
+    assert fleet_lock_free()
+    with httpx.Client(timeout=60) as client:                        # both hosts serve through the gateway
+        answers = [client.post(GATEWAY + "/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                               json={"model": "k26-sandbox-tiny", "prompt": "after", "max_tokens": 2})
+                   for _ in range(4)]
+    assert [a.status_code for a in answers] == [200] * 4
+
+
+def test_a_host_stopped_by_hand_leaves_rotation_within_the_health_checks_and_returns(fleet):
+    name, url = "k26-sandbox-2", SERVERS["sandbox2"][1]
+    assert ready(url)
+    with Traffic() as traffic:
+        guest("systemctl stop --no-block k26-ddtree", host=name)
+        try:
+            gone = wait_until(lambda: not (pool().get(url) or {}).get("healthy", False), 30, "marked unhealthy")
+        finally:
+            # the drain ends within seconds (a draining server closes kept-alive connections)
+            wait_until(lambda: guest("systemctl is-active k26-ddtree", host=name, check=False).stdout.strip()
+                       in ("inactive", "failed"), 60, "the stop")
+            guest("systemctl start k26-ddtree", host=name)
+        back = wait_until(lambda: ready(url), 120, "healthy again after the restart")
+    # interval x failures, plus one interval of phase and the status poll's own second or two
+    assert gone <= HEALTH_INTERVAL * (FAILURES + 1) + 3, gone
+    assert traffic.failures == [] and traffic.ok > 10, (traffic.ok, traffic.failures[:5])
+    assert back < 120
