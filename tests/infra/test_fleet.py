@@ -95,8 +95,9 @@ def fleet_lock_free() -> bool:
 
 
 @pytest.fixture(scope="module")
-def fleet(sandbox_up):
-    play = deploy(fleet=True)
+def fleet(converged):
+    # the first server is converged by the session's fixture: the gateway and the second server join it
+    play = deploy("--limit", "gateway,sandbox2", fleet=True)
     assert play.rc == 0, play.out[-5000:]
     assert "gateway healthy on port 30080: 2 workers ready" in play.out
     return play
