@@ -25,6 +25,7 @@ The file (YAML, 0640 root:<gateway group>):
     health: {interval_secs: 10, failure_threshold: 3, success_threshold: 2, timeout_secs: 5,
              endpoint: /health}
     request_timeout_secs: 1800
+    metrics_port: 29000         smg's Prometheus metrics, on the same address as `host`
 Only the standard library and smg (serve) are imported: a gateway host has no torch.
 """
 
@@ -75,6 +76,7 @@ class GatewayConfig:
     policy: str = "round_robin"
     health: Health = Health()
     request_timeout_secs: int = 1800
+    metrics_port: int = 29000
 
     @property
     def url(self) -> str:
@@ -114,7 +116,7 @@ def parse_config(raw: dict) -> GatewayConfig:
     if not isinstance(raw, dict):
         raise _fail("config", type(raw).__name__, "expected a mapping of settings")
     unknown = sorted(set(raw) - {"host", "port", "workers", "api_key", "admin_key", "policy", "health",
-                                 "request_timeout_secs"})
+                                 "request_timeout_secs", "metrics_port"})
     if unknown:
         raise _fail(unknown[0], raw[unknown[0]], "not a gateway setting (a typo?)")
     workers = raw.get("workers")
@@ -144,7 +146,8 @@ def parse_config(raw: dict) -> GatewayConfig:
         raise _fail("admin_key", admin_key, "must differ from api_key (clients must not drive the worker API)")
     return GatewayConfig(host=host, port=_int(raw, "port", 30080, 1, 65535), workers=urls, api_key=api_key,
                          admin_key=admin_key, policy=policy, health=health,
-                         request_timeout_secs=_int(raw, "request_timeout_secs", 1800, 1, 86400))
+                         request_timeout_secs=_int(raw, "request_timeout_secs", 1800, 1, 86400),
+                         metrics_port=_int(raw, "metrics_port", 29000, 1, 65535))
 
 
 def load_config(path: str) -> GatewayConfig:
@@ -173,6 +176,8 @@ def router_args(cfg: GatewayConfig):
                       health_check_timeout_secs=cfg.health.timeout_secs,
                       health_check_endpoint=cfg.health.endpoint,
                       request_timeout_secs=cfg.request_timeout_secs,
+                      # smg's own default is 0.0.0.0:29000: bound to the gateway's address instead
+                      prometheus_host=cfg.host, prometheus_port=cfg.metrics_port,
                       disable_tokenizer_autoload=True)
 
 

@@ -176,3 +176,33 @@ def test_a_host_stopped_by_hand_leaves_rotation_within_the_health_checks_and_ret
     assert gone <= HEALTH_INTERVAL * (FAILURES + 1) + 3, gone
     assert traffic.failures == [] and traffic.ok > 10, (traffic.ok, traffic.failures[:5])
     assert back < 120
+
+
+def test_a_sweep_takes_its_host_out_of_the_pool_and_puts_it_back(fleet, tmp_path):
+    one = json.dumps({"sweep_budgets": [4], "sweep_topk_caps": [4], "sweep_references": [],
+                      "sweep_temperatures": [0.0], "sweep_max_tokens": 8, "sweep_results_root": str(tmp_path)})
+    before = budget("sandbox2")
+    with Traffic() as traffic:
+        play = deploy("--limit", "sandbox2", "-e", one, playbook="playbooks/sweep.yml", fleet=True)
+    assert play.rc == 0, play.out[-4000:]
+    order = [m.group(1) for m in re.finditer(r"TASK \[(Take the host out|Put the restored host back)", play.out)]
+    assert order == ["Take the host out", "Put the restored host back"], order
+    assert "changed: [sandbox2 -> gateway" in play.out                          # it was in the pool, and left it
+    assert traffic.failures == [] and traffic.ok > 10, (traffic.ok, traffic.failures[:5])
+    assert budget("sandbox2") == before and ready(SERVERS["sandbox2"][1])
+
+
+def test_a_second_roll_fails_fast_while_the_fleet_lock_is_held(fleet, tmp_path):
+    # a roll of another controller holds the fleet lock (its holder started as try_lock starts one, 8 s TTL)
+    lock = "/run/k26-fleet"
+    guest(f"exec 9>>{lock}/lock; flock -n 9 || exit 75; : > {lock}/token.beef; "
+          f"echo 'beef other-operator@elsewhere controller-pid 1 since now ttl 8' > {lock}/holder; "
+          f"setsid bash -c 'end=$((SECONDS + 8)); while [ -e {lock}/token.beef ] && [ $SECONDS -lt $end ]; "
+          f"do sleep 1 9>&-; done' </dev/null >/dev/null 2>&1 &", host="k26-gateway")
+    try:
+        play = deploy("-e", "k26_ddtree_budget=8", fleet=True)
+        assert play.rc != 0 and f"another play holds {lock}/lock" in play.out and "other-operator@elsewhere" in play.out
+        assert "Take the host deploy lock" not in play.out and budget("sandbox") != 8 and budget("sandbox2") != 8
+    finally:
+        guest(f"rm -f {lock}/token.beef", host="k26-gateway")
+    wait_until(fleet_lock_free, 15, "the other roll's lock gone")

@@ -79,7 +79,7 @@ class Fleet:
         self.config = tmp / "gateway.yaml"
         self.config.write_text(json.dumps({
             "host": "127.0.0.1", "port": self.port, "workers": [w.url for w in self.workers], "api_key": API_KEY,
-            "admin_key": ADMIN_KEY, "policy": "round_robin",
+            "admin_key": ADMIN_KEY, "policy": "round_robin", "metrics_port": free_port(),
             "health": {"interval_secs": HEALTH_INTERVAL, "failure_threshold": FAILURES, "success_threshold": 1,
                        "timeout_secs": 2}}))
         self.log = tmp / "gateway.log"
