@@ -206,3 +206,18 @@ def test_a_second_roll_fails_fast_while_the_fleet_lock_is_held(fleet, tmp_path):
     finally:
         guest(f"rm -f {lock}/token.beef", host="k26-gateway")
     wait_until(fleet_lock_free, 15, "the other roll's lock gone")
+
+
+def test_a_first_host_that_fails_stops_the_roll_before_the_second(fleet, tmp_path):
+    before = {name: budget(name) for name in SERVERS}
+    pid_2 = guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip()
+    extra = tmp_path / "first-host-fails.yml"
+    extra.write_text("k26_ddtree_budget: 30\n"
+                     "k26_smoke_max_tokens: \"{{ 4096 if inventory_hostname == 'sandbox' else 32 }}\"\n")
+    with Traffic() as traffic:
+        play = deploy("-e", f"@{extra}", fleet=True)
+    assert play.rc != 0 and "deploy of sandbox failed at" in re.sub(r"\s+", " ", play.out)
+    assert "[sandbox2]" not in play.out and "sandbox2 ->" not in play.out          # never reached
+    assert {name: budget(name) for name in SERVERS} == before
+    assert guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip() == pid_2
+    assert traffic.failures == [] and all(ready(url) for _, url in SERVERS.values()) and fleet_lock_free()
