@@ -24,13 +24,21 @@ SUITE=bookworm
 PACKAGES=systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,openssh-server,sudo,iproute2,ca-certificates,procps,util-linux,curl
 FLEET=(k26-sandbox k26-sandbox-2 k26-gateway)
 SERVERS=(k26-sandbox k26-sandbox-2)
+# one row per host: nspawn machine name, folder suffix, ssh port, ssh aliases
+host_row() {
+    case "$1" in
+        k26-sandbox)   echo "k26sandbox  .   ${K26_SANDBOX_SSH_PORT:-2222} k26-sandbox sandbox 127.0.0.1" ;;
+        k26-sandbox-2) echo "k26sandbox2 -2  2223 k26-sandbox-2" ;;
+        k26-gateway)   echo "k26gateway  -gw 2224 k26-gateway" ;;
+        *) return 1 ;;
+    esac
+}
 HOST="${K26_SANDBOX_HOST:-k26-sandbox}"
-case "$HOST" in
-    k26-sandbox)   STATE="$MAIN";    MACHINE=k26sandbox;  SSH_PORT="${K26_SANDBOX_SSH_PORT:-2222}" ;;
-    k26-sandbox-2) STATE="$MAIN-2";  MACHINE=k26sandbox2; SSH_PORT=2223 ;;
-    k26-gateway)   STATE="$MAIN-gw"; MACHINE=k26gateway;  SSH_PORT=2224 ;;
-    *) printf 'sandbox: K26_SANDBOX_HOST=%s is not a sandbox host: use one of %s\n' "$HOST" "${FLEET[*]}" >&2; exit 2 ;;
-esac
+if ! ROW=$(host_row "$HOST"); then
+    printf 'sandbox: K26_SANDBOX_HOST=%s is not a sandbox host: use one of %s\n' "$HOST" "${FLEET[*]}" >&2; exit 2
+fi
+read -r MACHINE SUFFIX SSH_PORT _ <<<"$ROW"
+STATE="$MAIN${SUFFIX#.}"
 KEY_ID=$(printf '%s %s v1' "$SUITE" "$PACKAGES" | sha256sum | cut -c1-12)
 TARBALL="$CACHE/rootfs-$SUITE-$KEY_ID.tar.zst"
 ROOTFS="$STATE/rootfs"
@@ -105,11 +113,7 @@ write_ssh_config() {
     local name port aliases
     : >"$MAIN/ssh_config.tmp"
     for name in "${FLEET[@]}"; do
-        case "$name" in
-            k26-sandbox) port="${K26_SANDBOX_SSH_PORT:-2222}"; aliases="k26-sandbox sandbox 127.0.0.1" ;;
-            k26-sandbox-2) port=2223; aliases="k26-sandbox-2" ;;
-            k26-gateway) port=2224; aliases="k26-gateway" ;;
-        esac
+        read -r _ _ port aliases <<<"$(host_row "$name")"
         cat >>"$MAIN/ssh_config.tmp" <<EOF
 Host $aliases
     HostName 127.0.0.1
