@@ -5,8 +5,9 @@ side effects beyond importing torch; the SGLang plugin lives in ddtree.sglang an
 only when SGLang's plugin loader calls it.
 """
 
-from ddtree.tree import DraftTree, build_tree
-from ddtree.verify import Verdict, verify_tree
+from ddtree.tree import build_tree
+from ddtree.types import DraftTree, Verdict
+from ddtree.verify import verify_tree
 
 __all__ = ["DraftTree", "Verdict", "build_tree", "verify_tree"]
 __version__ = "0.3.0"

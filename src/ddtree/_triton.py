@@ -11,9 +11,9 @@ and for the SGLang decode step (ddtree.sglang.glue), one launch each:
                        window in its token-table row, plus what the draft and the scheduler need
 (the walk and argmax kernels serve ddtree.verify).
 
-Keys are the same int64 order keys as ddtree.tree.order_key: (orderable float bits << 32) |
+Keys are the same int64 order keys as ddtree.types.order_key: (orderable float bits << 32) |
 (2^32 - 1 - index), so one descending top-k selects by score and breaks ties by smaller index,
-exactly like the torch path. The module imports Triton; ddtree.tree imports it only for CUDA
+exactly like the torch path. The module imports Triton; ddtree.backend imports it only for CUDA
 inputs (and tests run it under TRITON_INTERPRET=1 on the CPU).
 """
 
@@ -28,7 +28,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     triton = None
     tl = None
 
-from ddtree.tree import Candidates, DraftTree, level_pairs
+from ddtree.types import Candidates, DraftTree, ShardCandidates, Verdict, level_pairs
+
 
 def available() -> bool:
     return triton is not None
@@ -349,14 +350,12 @@ def draft_candidates(draft_logits: torch.Tensor, k: int) -> Candidates:
     return Candidates(logp=logp, tokens=tokens)
 
 
-def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int):
+def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int) -> ShardCandidates:
     """One TP rank's shard [bs, L, Vs] -> ShardCandidates (top-k raw logits, global ids, log_z).
 
     Equal to ddtree.tp's torch path: ties to the smaller global id; a shard narrower than k pads
-    with logit -inf and id ddtree.tp.PAD_ID.
+    with logit -inf and id ddtree.types.PAD_ID.
     """
-    from ddtree.tp import ShardCandidates
-
     logits, ids, log_z = _fused_topk(shard_logits, k, vocab_start, with_log_z=True)
     return ShardCandidates(logits=logits, ids=ids, log_z=log_z)
 
@@ -409,10 +408,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return out.reshape(shape[:-1])
 
 
-def walk(tree: DraftTree, targets: torch.Tensor):
+def walk(tree: DraftTree, targets: torch.Tensor) -> Verdict:
     """Triton version of ddtree.verify.walk_tree (same outputs)."""
-    from ddtree.verify import Verdict
-
     bs, width = tree.tokens.shape
     n_depth = tree.max_depth
     dev = tree.tokens.device

@@ -8,22 +8,11 @@ top-k of the gathered values. The result equals draft_candidates_torch on the fu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+import torch.distributed as dist
 
-from ddtree.tree import MASK32, Candidates, order_key, resolve_backend
-
-PAD_ID = 2**31 - 1  # the global id of a missing candidate (a shard narrower than k)
-
-
-@dataclass(frozen=True)
-class ShardCandidates:
-    """One rank's contribution: its top-k logits with global ids, and its log-normaliser."""
-
-    logits: torch.Tensor  # float32 [bs, L, k]  raw logits of the shard's best tokens (-inf if fewer)
-    ids: torch.Tensor     # int64   [bs, L, k]  global token ids
-    log_z: torch.Tensor   # float32 [bs, L]     logsumexp over the shard
+from ddtree.backend import kernels, resolve_backend
+from ddtree.types import MASK32, PAD_ID, Candidates, ShardCandidates, order_key
 
 
 def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int,
@@ -34,9 +23,7 @@ def shard_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int,
     elsewhere torch; both give the same candidates.
     """
     if resolve_backend(backend, shard_logits.device) == "triton":
-        from ddtree import _triton
-
-        return _triton.shard_candidates(shard_logits, k, vocab_start)
+        return kernels().shard_candidates(shard_logits, k, vocab_start)
     return shard_candidates_torch(shard_logits, k, vocab_start)
 
 
@@ -85,8 +72,6 @@ def merge_packed(gathered: torch.Tensor, k: int) -> Candidates:
 def tp_candidates(shard_logits: torch.Tensor, k: int, vocab_start: int, group=None,
                   backend: str | None = None) -> Candidates:
     """All ranks: local top-k, one all-gather (packed into one float64 tensor), identical merge."""
-    import torch.distributed as dist
-
     packed = pack_shard(shard_candidates(shard_logits, k, vocab_start, backend))
     world = dist.get_world_size(group)
     parts = [torch.empty_like(packed) for _ in range(world)]

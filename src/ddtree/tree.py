@@ -24,23 +24,13 @@ tensor values; all shapes depend only on (bs, L, V, budget, topk_cap).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
 from ddtree import _checks
-
-MASK32 = 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """Top-K draft candidates per depth, best first (ties: smaller token id first)."""
-
-    logp: torch.Tensor    # float32 [bs, L, K]  log q_d(token); -inf = no candidate
-    tokens: torch.Tensor  # int64   [bs, L, K]
+from ddtree.backend import kernels, resolve_backend
+from ddtree.types import MASK32, Candidates, DraftTree, level_pairs, order_key
 
 
 @dataclass(frozen=True)
@@ -61,92 +51,6 @@ class Selection:
     valid: torch.Tensor   # bool [bs, budget]
 
 
-@dataclass(frozen=True)
-class DraftTree:
-    """A batch of draft trees of width N = budget + 1 (node 0 = root = last verified token).
-
-    Valid nodes come first; each parent precedes its children; siblings in decreasing score.
-    Padding nodes carry the root's token (so a verify pass can embed them), parent -1, depth -1,
-    score -inf, and attend to themselves only.
-    """
-
-    tokens: torch.Tensor         # int64 [bs, N]
-    parents: torch.Tensor        # int64 [bs, N]   -1 for the root and for padding
-    depths: torch.Tensor         # int64 [bs, N]   0 root, 1..L nodes, -1 padding
-    scores: torch.Tensor         # float32 [bs, N] 0 root, -inf padding
-    num_nodes: torch.Tensor      # int64 [bs]      valid nodes including the root
-    ancestor_mask: torch.Tensor  # bool [bs, N, N] row i: i and its ancestors
-    max_depth: int               # L
-
-    @property
-    def batch_size(self) -> int:
-        return self.tokens.shape[0]
-
-    @property
-    def width(self) -> int:
-        return self.tokens.shape[1]
-
-    def positions(self, root_positions: torch.Tensor) -> torch.Tensor:
-        """Sequence positions of the nodes: root position + depth (padding: root position).
-
-        root_positions int64 [bs] -> int64 [bs, N]. Example: depths [0, 1, 1, 2, -1] and root
-        position 7 give [7, 8, 8, 9, 7].
-        """
-        if root_positions.shape != (self.batch_size,):
-            raise _checks.fail("root_positions.shape", tuple(root_positions.shape),
-                               f"expected [{self.batch_size}]")
-        return root_positions.to(torch.int64)[:, None] + self.depths.clamp(min=0)
-
-    def eagle_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """SGLang's EAGLE tree layout, each int64 [bs, N].
-
-        retrive_index[b, i] = b * N + i (padding too, as SGLang's own tree builders fill it);
-        retrive_next_token[b, i] = first child of i (the best-scoring one) or -1;
-        retrive_next_sibling[b, i] = the next child of i's parent in node order, or -1.
-        """
-        return eagle_layout(self)
-
-
-@lru_cache(maxsize=256)
-def _pair_lists(w_prev: int, k: int, budget: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Static (parent slot, child rank) pairs that can reach the top `budget`: (i+1)(j+1) <= budget."""
-    ii: list[int] = []
-    jj: list[int] = []
-    for i in range(w_prev):
-        for j in range(k):
-            if (i + 1) * (j + 1) > budget:
-                break
-            ii.append(i)
-            jj.append(j)
-    return tuple(ii), tuple(jj)
-
-
-_PAIR_TENSORS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def level_pairs(w_prev: int, k: int, budget: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pair index tensors (int64 [P] each) on `device`, cached; built on the host outside capture."""
-    key = (w_prev, k, budget, str(device))
-    hit = _PAIR_TENSORS.get(key)
-    if hit is not None:
-        return hit
-    ii, jj = _pair_lists(w_prev, k, budget)
-    pair = (torch.tensor(ii, dtype=torch.int64).to(device), torch.tensor(jj, dtype=torch.int64).to(device))
-    _PAIR_TENSORS[key] = pair
-    return pair
-
-
-def order_key(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """int64 key sorting by score descending, then index ascending (index < 2**32).
-
-    The float32 bits are mapped to an int whose signed order is the float order (-0.0 folded
-    into 0.0, -inf the smallest).
-    """
-    bits = (score.float() + 0.0).contiguous().view(torch.int32).to(torch.int64)
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return (ordered << 32) | (MASK32 - index)
-
-
 def draft_candidates_torch(draft_logits: torch.Tensor, k: int) -> Candidates:
     """Reference candidate extraction in plain torch: [bs, L, V] -> Candidates with K = k."""
     x = draft_logits.float()                                       # [bs, L, V]
@@ -157,20 +61,6 @@ def draft_candidates_torch(draft_logits: torch.Tensor, k: int) -> Candidates:
     logit = x.gather(-1, tokens)
     logp = torch.where(torch.isfinite(logit), logit - log_z, float("-inf"))
     return Candidates(logp=logp, tokens=tokens)
-
-
-def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """'triton' on CUDA when Triton imports, else 'torch'; DDTREE_BACKEND or `backend` overrides."""
-    choice = backend or os.environ.get("DDTREE_BACKEND") or "auto"
-    if choice not in ("auto", "torch", "triton"):
-        raise _checks.fail("backend", choice, "expected 'auto', 'torch' or 'triton' (also DDTREE_BACKEND)")
-    if choice == "auto":
-        if device.type != "cuda":
-            return "torch"
-        from ddtree import _triton  # only imported on the GPU path
-
-        return "triton" if _triton.available() else "torch"
-    return choice
 
 
 def expand_levels(cand: Candidates, budget: int) -> Levels:
@@ -246,7 +136,12 @@ def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
 
 
 def eagle_layout(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """See DraftTree.eagle_layout. Siblings are chained in node order (= decreasing score)."""
+    """SGLang's EAGLE tree layout of a DraftTree, each int64 [bs, N].
+
+    retrive_index[b, i] = b * N + i (padding too, as SGLang's own tree builders fill it);
+    retrive_next_token[b, i] = first child of i (the best-scoring one) or -1;
+    retrive_next_sibling[b, i] = the next child of i's parent in node order (= decreasing score), or -1.
+    """
     bs, n = tree.parents.shape
     dev = tree.parents.device
     ix = torch.arange(n, device=dev).expand(bs, n)                 # [bs, N]
@@ -317,9 +212,7 @@ def candidate_count(topk_cap: int, budget: int, vocab: int) -> int:
 def draft_candidates(draft_logits: torch.Tensor, k: int, backend: str | None = None) -> Candidates:
     """[bs, L, V] draft logits -> Candidates with K = k (fused Triton pass on CUDA, else torch)."""
     if resolve_backend(backend, draft_logits.device) == "triton":
-        from ddtree import _triton
-
-        return _triton.draft_candidates(draft_logits, k)
+        return kernels().draft_candidates(draft_logits, k)
     return draft_candidates_torch(draft_logits, k)
 
 
@@ -331,9 +224,7 @@ def build_tree_from_candidates(cand: Candidates, root_tokens: torch.Tensor, budg
     """
     _checks.check_positive_int("budget", budget)
     if resolve_backend(backend, cand.logp.device) == "triton":
-        from ddtree import _triton
-
-        return _triton.build_tree(cand, root_tokens, budget)
+        return kernels().build_tree(cand, root_tokens, budget)
     levels = expand_levels(cand, budget)
     sel = select_nodes(levels, budget)
     return assemble_tree(levels, sel, root_tokens)

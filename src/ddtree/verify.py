@@ -19,33 +19,11 @@ come from exponential races (argmax p_i / E_i, E_i ~ Exp(1)), which need no cumu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ddtree import _checks
-from ddtree.tree import DraftTree, resolve_backend
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Result of verifying a batch of trees; L = the tree's max_depth."""
-
-    accepted: torch.Tensor    # int64 [bs, L+1] node indices of the accepted path; [:, 0] == 0; -1 padded
-    accept_len: torch.Tensor  # int64 [bs]      accepted draft tokens, 0..L
-    bonus: torch.Tensor       # int64 [bs]      the target's token at the last accepted node
-    tokens: torch.Tensor      # int64 [bs, L+1] accepted draft tokens, then the bonus; -1 padded
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling parameters as tensors [bs] (None = statically off for the batch)."""
-
-    temperature: torch.Tensor     # float32 [bs], 0 = greedy
-    top_k: torch.Tensor | None    # int64 [bs], <= 0 = off
-    top_p: torch.Tensor | None    # float32 [bs], 1 = off
-    min_p: torch.Tensor | None    # float32 [bs], 0 = off
-    all_greedy: bool              # True when temperature was the Python number 0
+from ddtree.backend import kernels, resolve_backend
+from ddtree.types import DraftTree, SamplingParams, Verdict
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
@@ -95,9 +73,7 @@ def node_targets(target_logits: torch.Tensor, params: SamplingParams,
     """The target's token at every node: argmax if temperature 0, else a sample. int64 [bs, N]."""
     bs, n, vocab = target_logits.shape
     if backend == "triton":
-        from ddtree import _triton
-
-        greedy = _triton.argmax_rows(target_logits)                          # [bs, N]
+        greedy = kernels().argmax_rows(target_logits)                          # [bs, N]
     else:
         greedy = target_logits.argmax(dim=-1)                                # [bs, N]
     if params.all_greedy:
@@ -214,7 +190,5 @@ def accept_path(tree: DraftTree, targets: torch.Tensor, backend: str | None = No
     if targets.dtype != torch.int64:
         raise _checks.fail("targets.dtype", targets.dtype, "expected int64 token ids")
     if resolve_backend(backend, targets.device) == "triton":
-        from ddtree import _triton
-
-        return _triton.walk(tree, targets)
+        return kernels().walk(tree, targets)
     return walk_tree(tree, targets)

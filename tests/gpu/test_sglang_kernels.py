@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ddtree import build_tree, verify_tree
+from ddtree.tree import eagle_layout
 from ddtree.sglang.glue import accept_from_verdict, full_mask
 
 from ..helpers import chi_square_pvalue as chi_square_p
@@ -54,7 +55,7 @@ def test_verify_tree_greedy_agrees_with_verify_tree(bs, depth, budget, cap, voca
     tree = build_tree(draft, roots, budget=budget, topk_cap=cap)
     target = planted_target(tree, vocab, follow=0.8, g=g)
     n = tree.width
-    index, next_token, next_sibling = tree.eagle_layout()
+    index, next_token, next_sibling = eagle_layout(tree)
     predicts = torch.zeros(bs * n, dtype=torch.int32, device="cuda")
     accept_index = torch.full((bs, depth + 1), -1, dtype=torch.int32, device="cuda")
     accept_num = torch.zeros(bs, dtype=torch.int32, device="cuda")
@@ -89,7 +90,7 @@ def test_reconstruct_from_the_plugins_mask_gives_the_plugins_layout(bs, depth, b
     r_index, r_next, r_sib = (torch.empty(bs, n, dtype=torch.int64, device="cuda") for _ in range(3))
     tree_ops.reconstruct_indices_from_tree_mask(tree_mask.view(-1), prefix.contiguous(), positions, r_index, r_next,
                                                 r_sib, bs, n)
-    index, next_token, next_sibling = tree.eagle_layout()
+    index, next_token, next_sibling = eagle_layout(tree)
     assert torch.equal(positions, tree.positions(prefix).reshape(-1))
     assert torch.equal(r_index, index)
     assert torch.equal(r_next, next_token)
@@ -137,7 +138,7 @@ def test_sampling_kernel_matches_verify_tree_in_distribution(temperature):
                        generator=torch.Generator(device="cuda").manual_seed(11))
     our_samples = [tuple(t[: k + 1]) for t, k in zip(ours.tokens.tolist(), ours.accept_len.tolist())]
 
-    index, next_token, next_sibling = rep.eagle_layout()
+    index, next_token, next_sibling = eagle_layout(rep)
     predicts = torch.zeros(rows * n, dtype=torch.int32, device="cuda")
     accept_index = torch.full((rows, one.max_depth + 1), -1, dtype=torch.int32, device="cuda")
     accept_num = torch.zeros(rows, dtype=torch.int32, device="cuda")

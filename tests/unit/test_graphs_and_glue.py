@@ -113,7 +113,7 @@ def test_cuda_graphs_on_a_cpu_pair_is_refused_with_the_fix():
 
 def test_commit_plan_keeps_the_accepted_path_by_permuting_the_window():
     from ddtree.sglang.glue import commit_plan, rewrite_req_to_token
-    from ddtree.tree import DraftTree
+    from ddtree.types import DraftTree
     from ddtree.verify import walk_tree
 
     # request 0: root -> {5 (node 1), 6 (node 2)}, 5 -> 7 (node 3); request 1: a chain 4 -> 8 -> 9 (nodes 1..3)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddtree import build_tree
-from ddtree.tree import draft_candidates_torch
+from ddtree.tree import draft_candidates_torch, eagle_layout
 
 
 def enumerate_paths(logits: torch.Tensor, cap: int) -> list[tuple[float, tuple[int, ...]]]:
@@ -132,7 +132,7 @@ def test_positions_are_root_position_plus_depth():
 @pytest.mark.parametrize("seed", range(6))
 def test_eagle_layout_walk_reproduces_parents(seed):
     _, _, tree = random_tree(seed=seed, budget=30, cap=5, vocab=6, max_depth=3)
-    index, next_token, next_sibling = tree.eagle_layout()
+    index, next_token, next_sibling = eagle_layout(tree)
     bs, n = tree.tokens.shape
     for b in range(bs):
         nn_ = int(tree.num_nodes[b])

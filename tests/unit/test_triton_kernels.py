@@ -79,7 +79,8 @@ def test_triton_shard_candidates_equal_torch_shard_candidates(vocab, world, k):
     Shards of 3 columns are narrower than k (padded with -inf / PAD_ID); 4100-column shards span
     two chunks; a tie across a shard boundary and a masked-out row are included.
     """
-    from ddtree.tp import PAD_ID, shard_candidates, shard_candidates_torch
+    from ddtree.tp import shard_candidates, shard_candidates_torch
+    from ddtree.types import PAD_ID
 
     g = torch.Generator().manual_seed(vocab + world)
     x = (torch.randn(2, 3, vocab, generator=g) * 3).to(torch.bfloat16)

@@ -1,4 +1,4 @@
-"""DFlashDraft: one forward pass drafts a whole block (see ../shared/docs/ddtree.md).
+"""DFlashDraft: one forward pass drafts a whole block (see docs/ddtree.md).
 
 Context: the target's hidden states of chosen layers at every verified token, concatenated,
 projected by `fc` and normalised, are injected as extra keys/values in every draft layer.
@@ -9,21 +9,12 @@ head are the target's. Row d-1 of the output (slot d) is the draft's marginal fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from ddtree.reference.cache import KVCache
 from ddtree.reference.config import DraftConfig
 from ddtree.reference.layers import DecoderBlock, RMSNorm
-
-
-@dataclass
-class DraftContext:
-    """Context K/V of every draft layer for a batch; slot s = the verified token at position s."""
-
-    k: torch.Tensor  # [layers, bs, kv_heads, S, hd]
-    v: torch.Tensor  # [layers, bs, kv_heads, S, hd]
 
 
 class DraftLayer(DecoderBlock):
@@ -53,26 +44,24 @@ class DFlashDraft(nn.Module):
         # shared with the target, not part of the draft's own weights
         object.__setattr__(self, "_shared", (embed_tokens, lm_head))
 
-    def new_context(self, bs: int, slots: int) -> DraftContext:
+    def new_context(self, bs: int, slots: int) -> KVCache:
+        """The draft's context for a batch: the K/V of every draft layer over the verified tokens
+        (slot s = the verified token at position s), a KVCache like the target's."""
         c = self.config
         p = self.fc.weight
-        shape = (c.num_hidden_layers, bs, c.num_key_value_heads, slots, c.head_dim)
-        return DraftContext(k=torch.zeros(shape, device=p.device, dtype=p.dtype),
-                            v=torch.zeros(shape, device=p.device, dtype=p.dtype))
+        return KVCache.empty(c.num_hidden_layers, bs, c.num_key_value_heads, slots, c.head_dim, p.device, p.dtype)
 
     def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """Target hidden states [bs, T, n*hidden] -> the draft's context features [bs, T, hidden]."""
         return self.hidden_norm(self.fc(target_hidden))
 
-    def extend_context(self, ctx: DraftContext, target_hidden: torch.Tensor, positions: torch.Tensor,
+    def extend_context(self, ctx: KVCache, target_hidden: torch.Tensor, positions: torch.Tensor,
                        slots: torch.Tensor) -> None:
         """Add verified tokens: target_hidden [bs, T, n*hidden] at positions/slots [bs, T] (mutates ctx)."""
         c = self.project_context(target_hidden)                         # [bs, T, hidden]
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.key_value(c, positions)              # [bs, KV, T, hd]
-            index = slots[:, None, :, None].expand_as(k)
-            ctx.k[i].scatter_(2, index, k)
-            ctx.v[i].scatter_(2, index, v)
+            ctx.write(i, slots, k, v)
 
     def block_tokens(self, roots: torch.Tensor) -> torch.Tensor:
         """roots int64 [...] -> blocks [..., B]: the root (bonus) token, then the mask token."""
@@ -89,7 +78,7 @@ class DFlashDraft(nn.Module):
             x = layer(x, positions, k, v, mask)
         return self.norm(x)
 
-    def forward(self, root_tokens: torch.Tensor, root_positions: torch.Tensor, ctx: DraftContext,
+    def forward(self, root_tokens: torch.Tensor, root_positions: torch.Tensor, ctx: KVCache,
                 ctx_len: torch.Tensor) -> torch.Tensor:
         """Draft logits [bs, L, V] (L = block_size - 1) for depths 1..L after root_tokens [bs]."""
         _, lm_head = self._shared

@@ -1,6 +1,6 @@
 """Batched decoding with the reference pair: autoregressive, DFlash chain, and DDTree.
 
-One round of speculative decoding (see ../shared/docs/architecture.md):
+One round of speculative decoding (see docs/architecture.md):
   draft_block      DFlash block (bonus token + masks) -> draft logits [bs, L, V]
   build_tree       -> DraftTree (chain: budget = L, cap = 1)
   verify_pass      the target over all budget + 1 nodes in one pass (ancestor mask, depth positions)
@@ -13,100 +13,22 @@ the root is position `lengths[b]` and is written by the next pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from ddtree import build_tree, verify_tree
+from ddtree.reference.graphed import BUCKETS, GraphRunner
 from ddtree.reference.pair import Pair
-from ddtree.reference.target import KVCache, TargetOutput
-from ddtree.tree import DraftTree
-from ddtree.verify import SamplingParams, node_targets
+from ddtree.reference.step import BatchState, Generation, RequestParams, Stage, StepIO, run_marked
+from ddtree.reference.target import TargetOutput
+from ddtree.types import DraftTree, SamplingParams
+from ddtree.verify import node_targets
 
 METHODS = ("ar", "dflash", "ddtree")
-
-
-@dataclass
-class Generation:
-    tokens: list[int]                 # generated tokens (a stop token, if hit, is the last one)
-    num_verify_steps: int             # target passes after prefill
-    accept_lengths: list[int]         # accepted draft tokens per step (0 for ar); tokens = that + 1
-    finish_reason: str = "length"     # "stop" | "length" | "cancelled" (Decoder.cancel)
-    # with RequestParams.logprobs_top = k > 0: per token (its target log-prob, [(id, log-prob)] x k)
-    logprobs: list[tuple[float | None, list[tuple[int, float]]]] = field(default_factory=list)
-
-
-@dataclass
-class RequestParams:
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    stop_token_ids: frozenset[int] = frozenset()
-    logprobs_top: int = 0             # > 0: record each token's target log-prob and the top-k alternatives
-
-
-@dataclass
-class BatchState:
-    cache: KVCache
-    ctx: object | None                # DraftContext for dflash/ddtree
-    lengths: torch.Tensor             # int64 [bs] cached tokens = position of the root
-    roots: torch.Tensor               # int64 [bs] last verified token
-    params: SamplingParams
-    requests: list[RequestParams]
-    generator: torch.Generator | None
-    outputs: list[Generation] = field(default_factory=list)
-    active: list[bool] = field(default_factory=list)
-    live: torch.Tensor | None = None   # bool [bs] on the device, mirrors `active` (read inside a step)
-    live_of: list[bool] = field(default_factory=list)  # the `active` that `live` holds
-    graph_bucket: object | None = None  # the graphed.Bucket this batch replays in, None = eager
-
-    @property
-    def done(self) -> bool:
-        return not any(self.active)
-
-
-@dataclass
-class StepIO:
-    """What one decode step reads and writes; under CUDA graphs these are the static buffers.
-
-    Inputs (bs = batch or bucket): roots/lengths int64 [bs], live bool [bs], params, generator,
-    cache, ctx. Stage outputs: draft_logits [bs, L, V], tree, out (TargetOutput), verdict;
-    step outputs: emitted int64 [bs, E] (E = L+1, or 1 for ar), accept int64 [bs],
-    node_logits [bs, E, V] (the target logits each emitted token was chosen from).
-    """
-
-    roots: torch.Tensor
-    lengths: torch.Tensor
-    live: torch.Tensor
-    params: SamplingParams
-    generator: torch.Generator | None
-    cache: KVCache
-    ctx: object | None
-    draft_logits: torch.Tensor | None = None
-    tree: DraftTree | None = None
-    out: TargetOutput | None = None
-    targets: torch.Tensor | None = None
-    verdict: object | None = None
-    emitted: torch.Tensor | None = None
-    accept: torch.Tensor | None = None
-    node_logits: torch.Tensor | None = None
 
 
 def _check(name: str, ok: bool, value, allowed: str) -> None:
     if not ok:
         raise ValueError(f"{name}={value!r} is invalid: {allowed}")
-
-
-def run_marked(calls, marks=None) -> None:
-    """Run calls in order; with marks (timing), record marks[i] = (start, end) events around call i."""
-    for i, call in enumerate(calls):
-        if marks:
-            marks[i][0].record()
-        call()
-        if marks:
-            marks[i][1].record()
 
 
 class Decoder:
@@ -137,8 +59,6 @@ class Decoder:
         self.capture = tuple(pair.draft.config.target_layer_ids) if method != "ar" else ()
         self.graphs = None
         if cuda_graphs:
-            from ddtree.reference.graphed import BUCKETS, GraphRunner
-
             self.graphs = GraphRunner(self, graph_buckets or BUCKETS, split_stages)
 
     @property
@@ -269,7 +189,7 @@ class Decoder:
         info = self._logprob_info(io.node_logits, io.emitted, top) if top > 0 else None
         return self._commit_host(state, io.emitted, io.accept, info)
 
-    def stages(self) -> list[tuple[str, object]]:
+    def stages(self) -> list[tuple[str, Stage]]:
         """The step as named stages, each a function of a StepIO (no host synchronisation inside)."""
         if self.method == "ar":
             return [("target", self._stage_ar_target), ("verify", self._stage_ar_verify),

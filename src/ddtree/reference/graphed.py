@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ddtree.graphs import BufferRegistry
-from ddtree.reference.target import KVCache
-from ddtree.verify import SamplingParams
+from ddtree.reference.step import BatchState, Bucket, StepIO, Stepper, run_marked
+from ddtree.types import SamplingParams
 
 log = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -43,22 +43,12 @@ class GraphKey:
 
 @dataclass
 class Captured:
-    io: object                                   # StepIO over the bucket's static buffers
+    io: StepIO                                   # over the bucket's static buffers
     registry: BufferRegistry
     graphs: list[tuple[str, torch.cuda.CUDAGraph]] = field(default_factory=list)
 
 
-@dataclass
-class Bucket:
-    size: int
-    slots: int
-    cache: KVCache
-    ctx: object | None
-    generator: torch.Generator
-    owner: object | None = None                  # the BatchState decoding in this bucket now
-
-
-def graph_key(bucket: "Bucket", params: SamplingParams) -> GraphKey:
+def graph_key(bucket: Bucket, params: SamplingParams) -> GraphKey:
     filters = tuple(n for n in ("top_k", "top_p", "min_p") if getattr(params, n) is not None)
     return GraphKey(bucket=bucket.size, slots=bucket.slots, all_greedy=params.all_greedy, filters=filters)
 
@@ -93,7 +83,7 @@ def gc_paused():
 class GraphRunner:
     """Captures and replays a Decoder's step; `split_stages` captures one graph per stage (timing)."""
 
-    def __init__(self, decoder, buckets: tuple[int, ...] = BUCKETS, split_stages: bool = False):
+    def __init__(self, decoder: Stepper, buckets: tuple[int, ...] = BUCKETS, split_stages: bool = False):
         if decoder.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the pair on a CUDA device, got {decoder.device}: "
                              "load the pair with device='cuda' or decode eagerly")
@@ -124,7 +114,7 @@ class GraphRunner:
         torch._C._cuda_clearCublasWorkspaces()       # torch 2.11: at::cuda::clearCublasWorkspaces()
 
     # ----- choosing ---------------------------------------------------------------------------
-    def claim(self, state, needed_slots: int) -> Bucket | None:
+    def claim(self, state: BatchState, needed_slots: int) -> Bucket | None:
         """The bucket this new batch will replay in, or None (eager; the reason is logged once)."""
         n = len(state.requests)
         size = next((b for b in self.buckets if b >= n), None)
@@ -152,16 +142,16 @@ class GraphRunner:
         return self._buckets[(size, slots)]
 
     # ----- capture ----------------------------------------------------------------------------
-    def prepare(self, state, bucket: Bucket, seed: int | None) -> None:
+    def prepare(self, state: BatchState, bucket: Bucket, seed: int | None) -> None:
         """Capture this batch's graph if new (before its prefill: warm-up writes the cache) and bind
         the batch to the bucket's cache / context rows and generator."""
         key = graph_key(bucket, state.params)
         if key not in self._captured:
             self._captured[key] = self._capture(key, bucket, state)
         n = len(state.requests)
-        state.cache = KVCache(k=bucket.cache.k[:, :n], v=bucket.cache.v[:, :n])
+        state.cache = bucket.cache.rows(n)
         if bucket.ctx is not None:
-            state.ctx = type(bucket.ctx)(k=bucket.ctx.k[:, :n], v=bucket.ctx.v[:, :n])
+            state.ctx = bucket.ctx.rows(n)
         if not state.params.all_greedy:
             bucket.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
             state.generator = bucket.generator
@@ -171,9 +161,7 @@ class GraphRunner:
         cap.io.lengths.zero_()
         cap.io.roots.zero_()
 
-    def _capture(self, key: GraphKey, bucket: Bucket, state) -> Captured:
-        from ddtree.reference.engine import StepIO
-
+    def _capture(self, key: GraphKey, bucket: Bucket, state: BatchState) -> Captured:
         d, b = self.decoder, bucket.size
         dev = d.device
         registry = BufferRegistry(f"decode graph (bucket {b} x {bucket.slots} slots, {d.method})")
@@ -222,19 +210,17 @@ class GraphRunner:
         torch.cuda.current_stream().wait_stream(side)
 
     # ----- replay -----------------------------------------------------------------------------
-    def _sources(self, state) -> dict[str, torch.Tensor | None]:
+    def _sources(self, state: BatchState) -> dict[str, torch.Tensor | None]:
         p = state.params
         sources = {"roots": state.roots, "lengths": state.lengths, "live": state.live}
         sources.update({n: getattr(p, n) for n in SAMPLING_FIELDS})
         return sources
 
-    def replay(self, state, marks=None):
+    def replay(self, state: BatchState, marks=None) -> StepIO:
         """One step of a bound batch: copy in, replay, copy the new roots / lengths back; -> StepIO rows.
 
         marks (timing): one (start, end) pair with .record() per captured graph, recorded around it.
         """
-        from ddtree.reference.engine import StepIO, run_marked
-
         cap = self.captured(state)
         n = len(state.requests)
         if marks and len(marks) != len(cap.graphs):
@@ -249,5 +235,5 @@ class GraphRunner:
                       generator=state.generator, cache=state.cache, ctx=state.ctx,
                       emitted=io.emitted[:n], accept=io.accept[:n], node_logits=io.node_logits[:n])
 
-    def captured(self, state) -> Captured:
+    def captured(self, state: BatchState) -> Captured:
         return self._captured[graph_key(state.graph_bucket, state.params)]

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree.tree import DraftTree, resolve_backend
-from ddtree.verify import Verdict
+from ddtree.backend import kernels, resolve_backend
+from ddtree.tree import eagle_layout
+from ddtree.types import DraftTree, SamplingParams, Verdict
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,9 @@ def verify_mask(tree: DraftTree, prefix_lens: torch.Tensor, total: int, max_pref
     DraftTree.positions. prefix_lens int64 [bs] on the tree's device; host numbers: total =
     sum((p + N) * N) and max_prefix >= every p (upper bounds are fine for both)."""
     if resolve_backend(backend, tree.tokens.device) == "triton":
-        from ddtree import _triton
-
         mask = torch.empty(total, dtype=torch.bool, device=tree.tokens.device)
         positions = torch.empty_like(tree.depths)
-        _triton.verify_mask_into(tree.ancestor_mask, tree.depths, prefix_lens, max_prefix, mask, positions)
+        kernels().verify_mask_into(tree.ancestor_mask, tree.depths, prefix_lens, max_prefix, mask, positions)
         return VerifyMask(custom_mask=mask, positions=positions)
     return VerifyMask(custom_mask=full_mask(tree, prefix_lens, total), positions=tree.positions(prefix_lens))
 
@@ -80,7 +79,7 @@ def verify_inputs(tree: DraftTree, prefix_lens: torch.Tensor, prefix_lens_cpu: l
     """prefix_lens: tokens already in the KV cache per request (the root is at that position)."""
     bs, n = tree.tokens.shape
     total = sum((p + n) * n for p in prefix_lens_cpu)
-    index, next_token, next_sibling = tree.eagle_layout()
+    index, next_token, next_sibling = eagle_layout(tree)
     return VerifyInputs(draft_tokens=tree.tokens.reshape(-1), positions=tree.positions(prefix_lens).reshape(-1),
                         custom_mask=full_mask(tree, prefix_lens, total), retrive_index=index,
                         retrive_next_token=next_token, retrive_next_sibling=next_sibling, draft_token_num=n)
@@ -156,8 +155,6 @@ def commit_step(verdict: Verdict, window: torch.Tensor, draft_ids: torch.Tensor,
     prefix + N]; draft_ids [bs, N] are the draft's slots of the same window. One Triton launch on
     the GPU; the torch path is commit_plan + rewrite_req_to_token."""
     if resolve_backend(backend, window.device) == "triton":
-        from ddtree import _triton
-
         bs, steps = verdict.accepted.shape
         dev = window.device
         out = Commit(out_tokens=torch.empty((bs, steps), dtype=torch.int64, device=dev),
@@ -166,8 +163,8 @@ def commit_step(verdict: Verdict, window: torch.Tensor, draft_ids: torch.Tensor,
                      draft_slots=torch.empty((bs, steps), dtype=draft_ids.dtype, device=dev),
                      hidden_rows=torch.empty((bs, steps), dtype=torch.int64, device=dev),
                      positions=torch.empty((bs, steps), dtype=torch.int64, device=dev))
-        _triton.commit_into(verdict.accepted, verdict.tokens, verdict.accept_len, window, draft_ids, prefix_lens,
-                            req_pool_indices, req_to_token, out)
+        kernels().commit_into(verdict.accepted, verdict.tokens, verdict.accept_len, window, draft_ids, prefix_lens,
+                              req_pool_indices, req_to_token, out)
         return out
     plan = commit_plan(verdict, window, prefix_lens)
     rewrite_req_to_token(req_to_token, req_pool_indices, prefix_lens, plan.window)
@@ -193,15 +190,13 @@ def rewrite_req_to_token(req_to_token: torch.Tensor, req_pool_indices: torch.Ten
     req_to_token[req_pool_indices[:, None], cols] = window.to(req_to_token.dtype)
 
 
-def sampling_params_from_sglang(info, vocab_size: int) -> "SamplingParams":
+def sampling_params_from_sglang(info, vocab_size: int) -> SamplingParams:
     """SGLang's SamplingBatchInfo -> ddtree SamplingParams (duck-typed: no SGLang import).
 
     SGLang stores a greedy request as temperature 1 with top_k 1 and "no top-k" as top_k >= the
     vocabulary (TOP_K_ALL); ddtree wants temperature 0 for greedy and top_k <= 0 for off. Filters
     the batch does not use (need_*_sampling false) are None, as verify_tree skips them statically.
     """
-    from ddtree.verify import SamplingParams
-
     top_k = info.top_ks.to(torch.int64).view(-1)                              # [bs]
     greedy = top_k == 1
     temperature = torch.where(greedy, 0.0, info.temperatures.view(-1).float())

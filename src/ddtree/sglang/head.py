@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from ddtree.tp import merge_packed, pack_shard, shard_candidates
-from ddtree.tree import Candidates, draft_candidates
+from ddtree.tree import draft_candidates
+from ddtree.types import Candidates
 
 # all_gather_into_tensor(output [W * n], input [n]) of the TP group, e.g. SGLang's GroupCoordinator method
 Gather = Callable[[torch.Tensor, torch.Tensor], None]

@@ -49,8 +49,9 @@ from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
 from ddtree.sglang.profile import OFF, StepProfiler
 from ddtree.sglang.settings import DDTreeConfigError, DDTreeSettings
-from ddtree.tree import DraftTree, build_tree_from_candidates, candidate_count
-from ddtree.verify import SamplingParams, accept_path, node_targets
+from ddtree.tree import build_tree_from_candidates, candidate_count
+from ddtree.types import DraftTree, SamplingParams
+from ddtree.verify import accept_path, node_targets
 
 logger = logging.getLogger(__name__)
 DECODE_READY = True   # True: DDTREE decodes inside SGLang (roles/preflight/vars/main.yml mirrors it; tests/ansible)
