@@ -208,6 +208,19 @@ def test_preflight_knows_what_the_plugin_can_decode():
     assert gate is DECODE_READY
 
 
+def test_preflight_limits_and_the_role_defaults_agree_with_ddtree_settings():
+    """The deployment's budget / top-k cap rules are ddtree.settings' rules: same maximum, same defaults."""
+    from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET
+
+    inputs = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["_preflight_inputs"]
+    assert (inputs["k26_ddtree_budget"]["min"], inputs["k26_ddtree_budget"]["max"]) == (1, MAX_BUDGET)
+    assert (inputs["k26_ddtree_topk_cap"]["min"], inputs["k26_ddtree_topk_cap"]["max"]) == (1, MAX_BUDGET)
+    for path in sorted(ROOT.glob("roles/*/defaults/main.yml")):
+        defaults = yaml.safe_load(path.read_text()) or {}
+        assert defaults.get("k26_ddtree_budget", DEFAULT_BUDGET) == DEFAULT_BUDGET, path
+        assert defaults.get("k26_ddtree_topk_cap", DEFAULT_TOPK_CAP) == DEFAULT_TOPK_CAP, path
+
+
 @pytest.mark.parametrize("overrides,message", BAD_PREFLIGHT)
 def test_preflight_rejects_bad_settings_with_the_fix(tmp_path, pair_dir, overrides, message):
     r = preflight(tmp_path, pair_dir, overrides)

@@ -247,7 +247,7 @@ def test_a_draining_server_closes_each_connection_after_its_answer(pair_dir):
 
 @pytest.mark.parametrize("args,message", [
     (["--speculative-algorithm", "DDTREE"], "needs --speculative-draft-model-path"),
-    (["--speculative-algorithm", "NONE", "--speculative-ddtree-budget", "0"], "--speculative-ddtree-budget 0"),
+    (["--speculative-algorithm", "NONE", "--speculative-ddtree-budget", "0"], "--speculative-ddtree-budget=0 is invalid"),
     (["--speculative-algorithm", "NONE", "--port", "70000"], "--port 70000"),
     (["--speculative-algorithm", "EAGLE"], "invalid choice: 'EAGLE'"),
     (["--speculative-algorithm", "NONE", "--cuda-graph-max-bs-decode", "0"], "--cuda-graph-max-bs-decode 0"),
@@ -286,3 +286,13 @@ def test_native_generate_returns_ids_and_logprobs(server):
     for (lp, tok, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
         assert len(top) == 2 and top[0][0] >= top[1][0]
         assert top[0][1] == tok and lp == pytest.approx(top[0][0])  # greedy emits the top-1 token
+
+
+def test_a_ddtree_budget_the_draft_block_does_not_fit_exits_2(pair_dir):
+    """The reference server refuses what `sglang serve` refuses: budget + 1 below the draft's block (4)."""
+    exe = Path(sys.executable).with_name("ddtree-serve")
+    r = subprocess.run([str(exe), "--model-path", str(pair_dir / "target"), "--speculative-draft-model-path",
+                        str(pair_dir / "draft"), "--speculative-ddtree-budget", "2", "--speculative-ddtree-topk-cap", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--speculative-ddtree-budget=2 is invalid with block size 4" in r.stderr
+    assert "use a budget >= 3" in r.stderr

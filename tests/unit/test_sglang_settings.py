@@ -13,7 +13,8 @@ from ddtree.reference.config import DraftConfig, TargetConfig
 from ddtree.reference.export import draft_config, export_pair
 from ddtree.reference.pair import init_pair
 from ddtree.sglang.requests import request_refusal
-from ddtree.sglang.settings import DDTreeConfigError, DDTreeSettings, draft_block_size, refusals, validate
+from ddtree.settings import DDTreeConfigError, DDTreeSettings
+from ddtree.sglang.settings import draft_block_size, from_env, refusals, resolved_block, to_env, validate
 
 
 def server(**changes):
@@ -77,13 +78,13 @@ def test_simulated_acceptance_is_refused(monkeypatch):
 
 def test_settings_travel_through_the_environment():
     env: dict = {}
-    GOOD.to_env(env)
-    assert DDTreeSettings.from_env(env) == GOOD
-    assert DDTreeSettings.from_env({}).block_size is None
+    to_env(GOOD, env)
+    assert from_env(env) == GOOD
+    assert from_env({}).block_size is None
     with pytest.raises(DDTreeConfigError, match="SGLANG_DDTREE_BLOCK_SIZE is not set"):
-        DDTreeSettings.from_env({}).resolved_block()
+        resolved_block(from_env({}))
     with pytest.raises(DDTreeConfigError, match=r"--speculative-ddtree-budget \(SGLANG_DDTREE_BUDGET\)='x'"):
-        DDTreeSettings.from_env({"SGLANG_DDTREE_BUDGET": "x"})
+        from_env({"SGLANG_DDTREE_BUDGET": "x"})
 
 
 def test_the_drafts_block_comes_from_its_config(tmp_path):

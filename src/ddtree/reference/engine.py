@@ -20,6 +20,7 @@ from ddtree.reference.graphed import BUCKETS, GraphRunner
 from ddtree.reference.pair import Pair
 from ddtree.reference.step import BatchState, Generation, RequestParams, Stage, StepIO, run_marked
 from ddtree.reference.target import TargetOutput
+from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings
 from ddtree.types import DraftTree, SamplingParams
 from ddtree.verify import node_targets
 
@@ -34,7 +35,8 @@ def _check(name: str, ok: bool, value, allowed: str) -> None:
 class Decoder:
     """Decodes batches with one pair and one method; `start` then `step` until `state.done`."""
 
-    def __init__(self, pair: Pair, method: str = "ddtree", budget: int = 32, topk_cap: int = 8,
+    def __init__(self, pair: Pair, method: str = "ddtree", budget: int = DEFAULT_BUDGET,
+                 topk_cap: int = DEFAULT_TOPK_CAP,
                  corrupt_every: int = 0, cuda_graphs: bool = False, graph_buckets: tuple[int, ...] | None = None,
                  split_stages: bool = False):
         """cuda_graphs: replay each step as a CUDA graph captured per batch bucket (graph_buckets,
@@ -51,8 +53,8 @@ class Decoder:
         self.depth = pair.block_size - 1 if method != "ar" else 0  # L
         if method == "dflash":
             budget, topk_cap = self.depth, 1                      # the chain
-        _check("budget", isinstance(budget, int) and budget >= 1, budget, "expected an integer >= 1")
-        _check("topk_cap", isinstance(topk_cap, int) and topk_cap >= 1, topk_cap, "expected an integer >= 1")
+        # the engine verifies trees shallower than the draft's block too: the block rule is SGLang's
+        DDTreeSettings(budget, topk_cap).check()
         self.budget, self.topk_cap = budget, topk_cap
         p = pair.target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
@@ -305,7 +307,7 @@ class Decoder:
 
 
 def generate(pair: Pair, prompts: list[list[int]], *, max_new_tokens: int, method: str = "ar",
-             budget: int = 32, topk_cap: int = 8, temperature: float = 0.0, top_p: float = 1.0,
+             budget: int = DEFAULT_BUDGET, topk_cap: int = DEFAULT_TOPK_CAP, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = -1, min_p: float = 0.0, seed: int | None = None,
              stop_token_ids=None) -> list[Generation]:
     """Decode a batch of prompts (lists of token ids) to completion with one method."""

@@ -16,6 +16,7 @@ import uvicorn
 from ddtree.reference.engine import Decoder
 from ddtree.reference.pair import Pair, load_draft, load_target
 from ddtree.serve.app import ServerSettings, create_app
+from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, SERVER_FLAGS, DDTreeSettings
 
 ALGORITHMS = {"DDTREE": "ddtree", "DFLASH": "dflash", "NONE": "ar"}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -26,8 +27,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-path", required=True, help="target directory (config.json, model.safetensors)")
     ap.add_argument("--speculative-draft-model-path", help="DFlash draft directory (needed unless NONE)")
     ap.add_argument("--speculative-algorithm", type=str.upper, choices=sorted(ALGORITHMS), default="DDTREE")
-    ap.add_argument("--speculative-ddtree-budget", type=int, default=32)
-    ap.add_argument("--speculative-ddtree-topk-cap", type=int, default=8)
+    ap.add_argument("--speculative-ddtree-budget", type=int, default=DEFAULT_BUDGET,
+                    help=f"draft-tree nodes verified per step (1..{MAX_BUDGET})")
+    ap.add_argument("--speculative-ddtree-topk-cap", type=int, default=DEFAULT_TOPK_CAP,
+                    help="candidate tokens per depth (1..budget)")
     ap.add_argument("--speculative-dflash-block-size", type=int, default=None,
                     help="must equal the draft's block size (read from its config.json when omitted)")
     ap.add_argument("--host", default="127.0.0.1")
@@ -97,7 +100,10 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.speculative_algorithm != "NONE" and not args.speculative_draft_model_path:
         ap.error(f"--speculative-algorithm {args.speculative_algorithm} needs --speculative-draft-model-path DIR "
                  "(or use --speculative-algorithm NONE)")
-    for flag in ("speculative_ddtree_budget", "speculative_ddtree_topk_cap", "max_running_requests",
+    shape = DDTreeSettings(args.speculative_ddtree_budget, args.speculative_ddtree_topk_cap).problems(SERVER_FLAGS)
+    if shape:
+        ap.error(shape[0])
+    for flag in ("max_running_requests",
                  "cuda_graph_max_bs_decode", "max_queued_requests", "max_request_bytes"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -130,6 +136,10 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
     if args.speculative_dflash_block_size not in (None, block):
         ap.error(f"--speculative-dflash-block-size {args.speculative_dflash_block_size} does not match the "
                  f"draft's block_size {block}: omit the flag or use {block}")
+    if args.speculative_algorithm == "DDTREE":
+        fit = DDTreeSettings(args.speculative_ddtree_budget, args.speculative_ddtree_topk_cap, block).problems(SERVER_FLAGS)
+        if fit:
+            ap.error(fit[0])
     pair = Pair(target=target, draft=draft, tokenizer=tokenizer)
     graphs = args.cuda_graph_backend_decode != "disabled" and args.device.startswith("cuda")
     decoder = Decoder(pair, ALGORITHMS[args.speculative_algorithm], args.speculative_ddtree_budget,

@@ -12,8 +12,8 @@ import logging
 
 from ddtree.sglang import graph_check
 from ddtree.sglang.requests import request_refusal
-from ddtree.sglang.settings import (DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeConfigError, DDTreeSettings,
-                                    draft_block_size, validate)
+from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
+from ddtree.sglang.settings import draft_block_size, from_env, resolved_block, to_env, validate
 
 log = logging.getLogger(__name__)
 ALGORITHM = "DDTREE"
@@ -30,7 +30,7 @@ def add_ddtree_cli_args(result, *args, **kwargs):
     parser = next(a for a in list(args) + list(kwargs.values()) if isinstance(a, argparse.ArgumentParser))
     group = parser.add_argument_group("DDTree speculative decoding (k26-ddtree plugin)")
     group.add_argument("--speculative-ddtree-budget", type=int, default=DEFAULT_BUDGET,
-                       help="draft-tree nodes verified per step (1..1023); budget = block size - 1 with "
+                       help=f"draft-tree nodes verified per step (1..{MAX_BUDGET}); budget = block size - 1 with "
                             "top-k cap 1 is the DFlash chain")
     group.add_argument("--speculative-ddtree-topk-cap", type=int, default=DEFAULT_TOPK_CAP,
                        help="candidate tokens per depth (1..budget)")
@@ -45,14 +45,14 @@ def capture_ddtree_cli_values(result, *args, **kwargs):
     """
     ns = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, argparse.Namespace)), None)
     if ns is not None and hasattr(ns, "speculative_ddtree_budget"):
-        DDTreeSettings(budget=ns.speculative_ddtree_budget, topk_cap=ns.speculative_ddtree_topk_cap).to_env()
+        to_env(DDTreeSettings(budget=ns.speculative_ddtree_budget, topk_cap=ns.speculative_ddtree_topk_cap))
     return result
 
 
 def resolve_settings(server_args) -> DDTreeSettings:
     """The DDTree settings of this server: budget and cap from the environment (the CLI hook put
     them there), the draft block from --speculative-dflash-block-size, else the draft's config.json."""
-    settings = DDTreeSettings.from_env()
+    settings = from_env()
     flag = getattr(server_args, "speculative_dflash_block_size", None)
     configured = draft_block_size(getattr(server_args, "speculative_draft_model_path", None))
     if flag is not None and configured is not None and int(flag) != configured:
@@ -88,7 +88,7 @@ def handle_server_args(server_args) -> None:
         server_args.speculative_draft_attention_backend = server_args.attention_backend
     if getattr(server_args, "max_running_requests", None) is None:
         server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
-    settings.to_env()
+    to_env(settings)
 
 
 def refuse_unsupported_requests(*args, **kwargs):
@@ -160,9 +160,9 @@ def spec_class():
         # replay); the draft model runner also runs in TARGET_VERIFY mode, over its own block,
         # and its graphs must keep that width
         def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
-            settings = DDTreeSettings.from_env()
+            settings = from_env()
             if is_draft_worker:
-                return settings.resolved_block()
+                return resolved_block(settings)
             return settings.verify_tokens
 
     return DDTreeSpec

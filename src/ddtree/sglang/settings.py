@@ -23,56 +23,40 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+
+from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, SERVER_FLAGS, DDTreeConfigError, DDTreeSettings
 
 ENV_BUDGET = "SGLANG_DDTREE_BUDGET"
 ENV_TOPK_CAP = "SGLANG_DDTREE_TOPK_CAP"
 ENV_BLOCK_SIZE = "SGLANG_DDTREE_BLOCK_SIZE"
-DEFAULT_BUDGET = 32
-DEFAULT_TOPK_CAP = 8
-MAX_BUDGET = 1023
 # attention backends whose target-verify path takes an arbitrary (tree) custom mask in 0.5.23
 MASK_BACKENDS = ("triton", "flashinfer")
 
 
-class DDTreeConfigError(ValueError):
-    """A DDTREE server setting that cannot work; the message names the flag, value and fix."""
+def from_env(env=None) -> DDTreeSettings:
+    """The settings the plugin passed to SGLang's processes (defaults where a variable is unset)."""
+    env = os.environ if env is None else env
+    return DDTreeSettings(budget=_int(env, ENV_BUDGET, DEFAULT_BUDGET, SERVER_FLAGS.budget),
+                          topk_cap=_int(env, ENV_TOPK_CAP, DEFAULT_TOPK_CAP, SERVER_FLAGS.topk_cap),
+                          block_size=_int(env, ENV_BLOCK_SIZE, None, SERVER_FLAGS.block_size))
 
 
-@dataclass(frozen=True)
-class DDTreeSettings:
-    budget: int = DEFAULT_BUDGET      # draft-tree nodes verified per step (width budget + 1 with the root)
-    topk_cap: int = DEFAULT_TOPK_CAP  # candidates per depth
-    block_size: int | None = None     # the draft's block (bonus slot + L = block - 1 depths); None = not resolved yet
+def to_env(settings: DDTreeSettings, env=None) -> None:
+    env = os.environ if env is None else env
+    env[ENV_BUDGET] = str(settings.budget)
+    env[ENV_TOPK_CAP] = str(settings.topk_cap)
+    if settings.block_size is not None:
+        env[ENV_BLOCK_SIZE] = str(settings.block_size)
 
-    @property
-    def verify_tokens(self) -> int:
-        """Tokens per request in a target-verify pass (and its CUDA graphs): budget + 1."""
-        return self.budget + 1
 
-    @classmethod
-    def from_env(cls, env=None) -> "DDTreeSettings":
-        env = os.environ if env is None else env
-        block = _int(env, ENV_BLOCK_SIZE, None, "--speculative-dflash-block-size")
-        return cls(budget=_int(env, ENV_BUDGET, DEFAULT_BUDGET, "--speculative-ddtree-budget"),
-                   topk_cap=_int(env, ENV_TOPK_CAP, DEFAULT_TOPK_CAP, "--speculative-ddtree-topk-cap"),
-                   block_size=block)
-
-    def to_env(self, env=None) -> None:
-        env = os.environ if env is None else env
-        env[ENV_BUDGET] = str(self.budget)
-        env[ENV_TOPK_CAP] = str(self.topk_cap)
-        if self.block_size is not None:
-            env[ENV_BLOCK_SIZE] = str(self.block_size)
-
-    def resolved_block(self) -> int:
-        """The draft block; raises when the plugin's start-up resolution did not run."""
-        if self.block_size is None:
-            raise DDTreeConfigError(f"{ENV_BLOCK_SIZE} is not set: the DDTREE server arguments were not resolved by "
-                                    "the k26-ddtree plugin (start the server with `sglang serve`, the plugin "
-                                    "installed, and --speculative-algorithm DDTREE)")
-        return self.block_size
+def resolved_block(settings: DDTreeSettings) -> int:
+    """The draft block; raises when the plugin's start-up resolution did not run."""
+    if settings.block_size is None:
+        raise DDTreeConfigError(f"{ENV_BLOCK_SIZE} is not set: the DDTREE server arguments were not resolved by "
+                                "the k26-ddtree plugin (start the server with `sglang serve`, the plugin "
+                                "installed, and --speculative-algorithm DDTREE)")
+    return settings.block_size
 
 
 def _int(env, name: str, default, flag: str):
@@ -100,28 +84,10 @@ def draft_block_size(draft_path: str | os.PathLike | None) -> int | None:
 
 # --- start-up refusals: each takes (settings, server_args) and returns a message or None ---------
 
-def _budget(s: DDTreeSettings, a) -> str | None:
-    if not 1 <= s.budget <= MAX_BUDGET:
-        return (f"--speculative-ddtree-budget={s.budget} is invalid: expected 1..{MAX_BUDGET} "
-                "(32 is the tested default)")
-    return None
-
-
-def _cap(s: DDTreeSettings, a) -> str | None:
-    if not 1 <= s.topk_cap <= s.budget:
-        return (f"--speculative-ddtree-topk-cap={s.topk_cap} is invalid: expected 1..budget ({s.budget}); "
-                "8 is the tested default")
-    return None
-
-
-def _block_fits(s: DDTreeSettings, a) -> str | None:
-    if s.block_size is not None and s.block_size < 2:
-        return f"--speculative-dflash-block-size={s.block_size} is invalid: a DFlash block holds the bonus token and >= 1 depth"
-    if s.block_size is not None and s.verify_tokens < s.block_size:
-        return (f"--speculative-ddtree-budget={s.budget} is invalid with block size {s.block_size}: the draft's block "
-                f"must fit in the verify window (budget + 1 >= block size); use a budget >= {s.block_size - 1} "
-                f"({s.block_size - 1} with --speculative-ddtree-topk-cap 1 is the DFlash chain)")
-    return None
+def _ddtree_shape(s: DDTreeSettings, a) -> str | None:
+    """budget, top-k cap and block size against each other (ddtree.settings holds the rules)."""
+    problems = s.problems(SERVER_FLAGS)
+    return problems[0] if problems else None
 
 
 def _page_size(s, a) -> str | None:
@@ -210,7 +176,7 @@ def _simulated_acceptance(s, a) -> str | None:
 
 
 CHECKS: tuple[Callable, ...] = (
-    _budget, _cap, _block_fits, _num_draft_tokens, _eagle_shape, _page_size, _overlap, _attention,
+    _ddtree_shape, _num_draft_tokens, _eagle_shape, _page_size, _overlap, _attention,
     _above_one("--pp-size", "pp_size", "pipeline stages would need the tree relayed between them"),
     _above_one("--attn-dp-size", "attn_dp_size", "data-parallel attention runs idle ranks the tree path does not"),
     _flag_off("--enable-dp-attention", "enable_dp_attention", "data-parallel attention"),

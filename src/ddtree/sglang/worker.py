@@ -48,13 +48,19 @@ import torch
 from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_mask, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
 from ddtree.sglang.profile import OFF, StepProfiler
-from ddtree.sglang.settings import DDTreeConfigError, DDTreeSettings
+from ddtree.settings import DDTreeConfigError
+from ddtree.sglang.settings import from_env, resolved_block
 from ddtree.tree import build_tree_from_candidates, candidate_count
 from ddtree.types import DraftTree, SamplingParams
 from ddtree.verify import accept_path, node_targets
 
 logger = logging.getLogger(__name__)
-DECODE_READY = True   # True: DDTREE decodes inside SGLang (roles/preflight/vars/main.yml mirrors it; tests/ansible)
+# A release flag, read by nothing at run time. True: this release's DDTreeWorker runs the whole DDTREE
+# decode step inside SGLang (tests/gpu_sglang proves it on the H200), so a deployment may serve
+# `sglang serve --speculative-algorithm DDTREE`. False would mean the decode path is unfinished: the
+# preflight then refuses DDTREE with k26_server_kind sglang before any change. Its copy is
+# __preflight_sglang_ddtree_ready in roles/preflight/vars/main.yml; tests/ansible keeps the two equal.
+DECODE_READY = True
 
 
 @dataclass
@@ -85,8 +91,8 @@ def make_worker_class():
         """DFlash draft + DDTree: a tree of the budget best draft paths verified in one target pass."""
 
         def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-            self._ddtree = DDTreeSettings.from_env()
-            block = self._ddtree.resolved_block()
+            self._ddtree = from_env()
+            block = resolved_block(self._ddtree)
             super().__init__(server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port,
                              target_worker=target_worker)
             self._ddtree_keep_draft_block(block)

@@ -1,0 +1,85 @@
+"""The DDTree settings of a server or an engine: one object, its ranges and its messages.
+
+budget (draft-tree nodes verified per step, width budget + 1 with the root), topk_cap (candidates
+per depth) and the draft's block size (the bonus slot + L = block - 1 depths). The SGLang plugin
+(`ddtree.sglang.settings`), the reference server's CLI (`ddtree.serve.cli`) and the reference
+engine (`ddtree.reference.engine`) check their values here; the deployment's preflight checks the
+same ranges before any change (`roles/preflight/vars/main.yml` holds the same limits, and
+`tests/ansible/test_static.py` checks that they agree with this module).
+
+Every message names the setting as its caller spells it (a flag, an Ansible variable or a Python
+argument), the value, and what is allowed. Plain Python: no torch, no SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_BUDGET = 32       # the tested defaults (docs/benchmarks.md)
+DEFAULT_TOPK_CAP = 8
+MAX_BUDGET = 1023         # the verify width budget + 1 stays within 1024 tokens per request
+
+
+class DDTreeConfigError(ValueError):
+    """A DDTree setting that cannot work; the message names the setting, its value and the fix."""
+
+
+@dataclass(frozen=True)
+class SettingNames:
+    """How a caller spells the three settings in its messages."""
+
+    budget: str = "budget"
+    topk_cap: str = "topk_cap"
+    block_size: str = "block_size"
+
+
+PYTHON_NAMES = SettingNames()
+SERVER_FLAGS = SettingNames("--speculative-ddtree-budget", "--speculative-ddtree-topk-cap",
+                            "--speculative-dflash-block-size")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class DDTreeSettings:
+    budget: int = DEFAULT_BUDGET      # draft-tree nodes verified per step
+    topk_cap: int = DEFAULT_TOPK_CAP  # candidates per depth
+    block_size: int | None = None     # the draft's block; None = not known (the block rule is skipped)
+
+    @property
+    def verify_tokens(self) -> int:
+        """Tokens per request in a target-verify pass (and its CUDA graphs): budget + 1."""
+        return self.budget + 1
+
+    def problems(self, names: SettingNames = PYTHON_NAMES) -> list[str]:
+        """Every range the settings break, in the order budget, cap, block; [] when they are good."""
+        out = []
+        if not _is_int(self.budget) or not 1 <= self.budget <= MAX_BUDGET:
+            out.append(f"{names.budget}={self.budget!r} is invalid: expected 1..{MAX_BUDGET} "
+                       f"({DEFAULT_BUDGET} is the tested default)")
+            return out                                  # the other rules are read against the budget
+        if not _is_int(self.topk_cap) or not 1 <= self.topk_cap <= self.budget:
+            out.append(f"{names.topk_cap}={self.topk_cap!r} is invalid: expected 1..budget ({self.budget}); "
+                       f"{DEFAULT_TOPK_CAP} is the tested default")
+        out.extend(self._block_problems(names))
+        return out
+
+    def _block_problems(self, names: SettingNames) -> list[str]:
+        block = self.block_size
+        if block is None:
+            return []
+        if not _is_int(block) or block < 2:
+            return [f"{names.block_size}={block!r} is invalid: a DFlash block holds the bonus token and >= 1 depth"]
+        if self.verify_tokens < block:
+            return [f"{names.budget}={self.budget} is invalid with block size {block}: the draft's block must fit "
+                    f"in the verify window (budget + 1 >= block size); use a budget >= {block - 1} "
+                    f"({block - 1} with {names.topk_cap} 1 is the DFlash chain)"]
+        return []
+
+    def check(self, names: SettingNames = PYTHON_NAMES) -> DDTreeSettings:
+        """These settings, or DDTreeConfigError with the first problem."""
+        for message in self.problems(names):
+            raise DDTreeConfigError(message)
+        return self
