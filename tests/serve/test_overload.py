@@ -10,7 +10,7 @@ import torch
 
 from ddtree.reference import load_pair
 from ddtree.reference.engine import Decoder, RequestParams
-from ddtree.serve.app import key_matches
+from ddtree.serve.middleware import key_matches
 from ddtree.serve.worker import BatchWorker, Job
 
 from .conftest import API_KEY, completion, start_server
