@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # NONE vs DFLASH vs DDTREE inside SGLang on the GPU test bed, in one job (run from the project root
-# on the GPU machine after ../shared/sglang-gpu's stage.sh a..e; long: start it with
+# on the GPU machine after the test bed is staged (docs/gpu-testbed.md); long: start it with
 # tests/gpu_sglang/bg.sh start bench/sglang_compare.sh, then bg.sh wait):
 #   1. the glue kernels compiled on CUDA against their torch paths (tests/unit/test_triton_kernels.py)
 #   2. a fresh pair with block-8 and block-16 drafts of one target (TRAIN_MINUTES, default 2.5)

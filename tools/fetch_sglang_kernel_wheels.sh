@@ -2,7 +2,7 @@
 # Download the cp312 wheels that let SGLang 0.5.23's JIT tree kernels run on the lent H200
 # (torch 2.11 / CUDA 13 there, no network), into the ignored folder .whl/, and FlashInfer's
 # headers (all the sampling kernel's JIT build needs of it) into .whl/flashinfer-headers/.
-# Versions are the ones sglang==0.5.23 resolves to here (see ../shared/docs/sglang.md).
+# Versions are the ones sglang==0.5.23 resolves to here (docs/gpu-testbed.md).
 #
 #   tools/fetch_sglang_kernel_wheels.sh
 #   then on the device: pip install --no-index --no-deps --target /tmp/site .whl/*.whl

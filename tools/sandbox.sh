@@ -15,7 +15,7 @@
 # One host is chosen with K26_SANDBOX_HOST=k26-sandbox|k26-sandbox-2|k26-gateway (default k26-sandbox).
 #
 # The rootfs tarball is cached outside the repository, keyed by the suite and package list.
-# See ../shared/docs/systemd-sandbox.md for why each flag is there.
+# docs/sandbox.md says why each flag is there.
 set -euo pipefail
 
 CACHE="${K26_CACHE:-$HOME/.cache/k26-ddtree}"

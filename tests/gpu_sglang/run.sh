@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The DDTREE-in-SGLang tests on the GPU test bed, from the project root on the GPU machine, after
-# ../shared/sglang-gpu's stage.sh a..e:
+# the test bed is staged (docs/gpu-testbed.md):
 #   tests/gpu_sglang/run.sh [pytest args]      e.g. -k 'not test_ddtree_greedy or b32-c8'
 #   tests/gpu_sglang/run.sh --bench [bench/sglang_e2e.py args]   e.g. --quick
 # Installs the project into the test bed's site (its entry point is how SGLang finds the plugin),

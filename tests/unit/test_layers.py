@@ -127,3 +127,14 @@ def test_the_drawing_in_docs_is_the_code_s():
     block = doc.split("<!-- import drawing", 1)[1].split("```", 2)[1].strip()
     now = drawing(package_graph(import_graph()))
     assert block == now, f"docs/architecture.md's import drawing is stale; the code's is:\n{now}"
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    """Code and docs refer to docs/ inside the repository, never to a sibling folder of the checkout."""
+    import subprocess
+
+    root = SRC.parent
+    files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    outside = "../" + "shared"
+    hits = [f for f in files if (root / f).is_file() and outside in (root / f).read_text(errors="ignore")]
+    assert hits == [], f"these files point at {outside}: {hits}"
