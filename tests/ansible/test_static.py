@@ -37,19 +37,33 @@ def test_every_template_parses():
 
 
 @pytest.mark.parametrize("role", ROLES)
-def test_argument_specs_list_exactly_the_defaults(role):
+def test_argument_specs_cover_the_defaults_and_name_no_variable_without_one(role):
+    """Every default of the role is an option of its specs; every option has a default, the role's own or
+    a shared one (roles/k26_defaults), and a description."""
     defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+    shared = yaml.safe_load((ROOT / "roles/k26_defaults/defaults/main.yml").read_text())
     specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    listed: set[str] = set()
     for entry, spec in specs.items():
-        assert set(spec.get("options", {})) == set(defaults), f"{role}:{entry}"
+        options = set(spec.get("options", {}))
+        listed |= options
+        assert options <= set(defaults) | set(shared), f"{role}:{entry} lists {sorted(options - set(defaults) - set(shared))}"
         for name, opt in spec["options"].items():
             assert opt.get("description"), f"{role}:{name} has no description"
+    assert set(defaults) <= listed, f"{role}: defaults missing from its specs: {sorted(set(defaults) - listed)}"
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_every_role_reads_as_a_table_of_contents(role):
-    tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / "main.yml").read_text())
-    assert all(t["name"][0].isupper() for t in tasks)
+    """Each entry point's task file is a list of named steps (k26_defaults has defaults only)."""
+    entries = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    files = [ROOT / "roles" / role / "tasks" / f"{entry}.yml" for entry in entries]
+    if role == "k26_defaults":
+        assert not (ROOT / "roles" / role / "tasks").exists()
+        return
+    for path in files:
+        tasks = yaml.safe_load(path.read_text())
+        assert tasks and all(t["name"][0].isupper() for t in tasks), path
     handlers = ROOT / "roles" / role / "handlers" / "main.yml"
     assert not handlers.exists() or yaml.safe_load(handlers.read_text()), f"{handlers} is empty: remove it"
 
@@ -227,3 +241,57 @@ def test_preflight_rejects_bad_settings_with_the_fix(tmp_path, pair_dir, overrid
     out = re.sub(r"\s+", " ", r.stdout + r.stderr)
     assert r.returncode != 0
     assert message in out, out[-3000:]
+
+
+def _argument_specs() -> dict[str, dict]:
+    return {p.parts[-3]: yaml.safe_load(p.read_text())["argument_specs"]
+            for p in sorted(ROOT.glob("roles/*/meta/argument_specs.yml"))}
+
+
+def test_every_entry_point_a_play_or_role_names_has_an_argument_spec():
+    """include_role / import_role with tasks_from X: X is an entry point of the role's argument specs."""
+    specs = _argument_specs()
+    used: set[tuple[str, str]] = set()
+    for path in [*ROOT.glob("roles/**/*.yml"), *ROOT.glob("playbooks/**/*.yml"), *ROOT.glob("tests/infra/plays/*.yml")]:
+        text = path.read_text()
+        for m in re.finditer(r"name: (\w+)\n(\s+)tasks_from: (\w+)", text):
+            used.add((m.group(1), m.group(3)))
+    assert used, "the scan found no tasks_from at all"
+    missing = sorted(f"{role}.{entry}" for role, entry in used if entry not in specs.get(role, {}))
+    assert missing == [], f"entry points without an argument spec: {missing}"
+
+
+def test_a_variable_has_one_type_in_every_argument_spec():
+    types: dict[str, set[str]] = {}
+    for role, entries in _argument_specs().items():
+        for entry in entries.values():
+            for name, option in (entry.get("options") or {}).items():
+                types.setdefault(name, set()).add(option.get("type", "str"))
+    assert {k: v for k, v in types.items() if len(v) > 1} == {}
+
+
+def test_shared_defaults_are_defined_once_in_k26_defaults_and_every_role_depends_on_it():
+    shared = yaml.safe_load((ROOT / "roles/k26_defaults/defaults/main.yml").read_text())
+    for path in sorted(ROOT.glob("roles/*/defaults/main.yml")):
+        role = path.parts[-3]
+        if role == "k26_defaults":
+            continue
+        again = sorted(set(yaml.safe_load(path.read_text()) or {}) & set(shared))
+        assert again == [], f"{role} defines shared defaults again: {again}"
+        meta = yaml.safe_load((path.parents[1] / "meta/main.yml").read_text())
+        assert {"role": "k26_defaults"} in meta["dependencies"], f"{role} does not depend on k26_defaults"
+    # and a variable read by two roles' defaults files is shared
+    seen: dict[str, str] = {}
+    for path in sorted(ROOT.glob("roles/*/defaults/main.yml")):
+        for name in yaml.safe_load(path.read_text()) or {}:
+            assert name not in seen, f"{name} is defaulted in {seen.get(name)} and {path.parts[-3]}: move it to k26_defaults"
+            seen[name] = path.parts[-3]
+
+
+def test_the_readme_lists_every_role_and_entry_point():
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("### Roles", 1)[1].split("\n## ", 1)[0]
+    for role, entries in _argument_specs().items():
+        assert f"`{role}`" in table, f"README's role table lacks {role}"
+        for entry in entries:
+            assert f"`{entry}`" in table, f"README's role table lacks {role}.{entry}"
