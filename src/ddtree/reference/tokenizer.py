@@ -11,11 +11,11 @@ SPECIALS = {"<bos>": 256, "<eos>": 257, "<mask>": 258, "<pad>": 259}
 
 @dataclass(frozen=True)
 class ByteTokenizer:
-    vocab_size: int = 260
-    bos_token_id: int = 256
-    eos_token_id: int = 257
-    mask_token_id: int = 258
-    pad_token_id: int = 259
+    vocab_size: int = 256 + len(SPECIALS)    # the bytes, then the specials
+    bos_token_id: int = SPECIALS["<bos>"]
+    eos_token_id: int = SPECIALS["<eos>"]
+    mask_token_id: int = SPECIALS["<mask>"]
+    pad_token_id: int = SPECIALS["<pad>"]
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         ids = list(text.encode("utf-8"))

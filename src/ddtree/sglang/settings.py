@@ -112,41 +112,11 @@ def _attention(s, a) -> str | None:
     return None
 
 
-def _flag_off(flag: str, field: str, why: str) -> Callable:
-    def check(s, a) -> str | None:
-        value = getattr(a, field, None)
-        if value:
-            return f"{flag}={value} is not supported with DDTREE ({why}); remove it or serve --speculative-algorithm DFLASH"
-        return None
-    check.__name__ = f"_{field}"
-    return check
-
-
-def _above_one(flag: str, field: str, why: str) -> Callable:
-    def check(s, a) -> str | None:
-        value = getattr(a, field, None)
-        if value is not None and int(value) > 1:
-            return f"{flag}={value} is not supported with DDTREE ({why}); use 1"
-        return None
-    check.__name__ = f"_{field}"
-    return check
-
-
 def _disaggregation(s, a) -> str | None:
     mode = getattr(a, "disaggregation_mode", None)
     if mode not in (None, "null"):
         return (f"--disaggregation-mode={mode} is not supported with DDTREE (the decode step keeps no "
                 "disaggregated draft state); serve without prefill/decode disaggregation")
-    return None
-
-
-def _thresholds(s, a) -> str | None:
-    for flag, field in (("--speculative-accept-threshold-single", "speculative_accept_threshold_single"),
-                        ("--speculative-accept-threshold-acc", "speculative_accept_threshold_acc")):
-        value = getattr(a, field, None)
-        if value is not None and float(value) != 1.0:
-            return (f"{flag}={value} is not supported with DDTREE: its verification is exact (lossless) and has no "
-                    "relaxed acceptance; remove the flag")
     return None
 
 
@@ -158,21 +128,45 @@ def _num_draft_tokens(s: DDTreeSettings, a) -> str | None:
     return None
 
 
-def _eagle_shape(s, a) -> str | None:
-    for flag, field in (("--speculative-num-steps", "speculative_num_steps"),
-                        ("--speculative-eagle-topk", "speculative_eagle_topk")):
-        value = getattr(a, field, None)
-        if value is not None and int(value) != 1:
-            return (f"{flag}={value} does not apply to DDTREE (the tree's shape is --speculative-ddtree-budget and "
-                    "--speculative-ddtree-topk-cap); remove the flag")
-    return None
-
-
 def _simulated_acceptance(s, a) -> str | None:
     value = os.environ.get("SGLANG_SIMULATE_ACC_LEN", "")
     if value not in ("", "-1", "0") and float(value) > 0:
         return f"SGLANG_SIMULATE_ACC_LEN={value} is not supported with DDTREE; unset it"
     return None
+
+
+def _flags(flags: tuple[tuple[str, str], ...], bad: Callable[[object], bool], message: str) -> Callable:
+    """A check over server_args fields: the first (flag, field) whose set value is `bad` gives
+    `message` with {flag} and {value} filled in."""
+    def check(s, a) -> str | None:
+        for flag, field in flags:
+            value = getattr(a, field, None)
+            if value is not None and bad(value):
+                return message.format(flag=flag, value=value)
+        return None
+    check.__name__ = "_" + flags[0][1]
+    return check
+
+
+def _flag_off(flag: str, field: str, why: str) -> Callable:
+    return _flags(((flag, field),), bool,
+                  f"{{flag}}={{value}} is not supported with DDTREE ({why}); remove it or serve --speculative-algorithm DFLASH")
+
+
+def _above_one(flag: str, field: str, why: str) -> Callable:
+    return _flags(((flag, field),), lambda v: int(v) > 1, f"{{flag}}={{value}} is not supported with DDTREE ({why}); use 1")
+
+
+_thresholds = _flags((("--speculative-accept-threshold-single", "speculative_accept_threshold_single"),
+                      ("--speculative-accept-threshold-acc", "speculative_accept_threshold_acc")),
+                     lambda v: float(v) != 1.0,
+                     "{flag}={value} is not supported with DDTREE: its verification is exact (lossless) and has no "
+                     "relaxed acceptance; remove the flag")
+_eagle_shape = _flags((("--speculative-num-steps", "speculative_num_steps"),
+                       ("--speculative-eagle-topk", "speculative_eagle_topk")),
+                      lambda v: int(v) != 1,
+                      "{flag}={value} does not apply to DDTREE (the tree's shape is --speculative-ddtree-budget and "
+                      "--speculative-ddtree-topk-cap); remove the flag")
 
 
 CHECKS: tuple[Callable, ...] = (
