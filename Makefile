@@ -17,7 +17,7 @@ GATEWAY_VENV := $(CACHE)/venv-gateway-$(GATEWAY_HASH)
 SANDBOX_MODEL := $(CACHE)/models/tiny-seed0
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: help venv sglang-venv gateway-venv test test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
+.PHONY: help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
@@ -74,8 +74,17 @@ test-fast: venv gateway-venv
 test-sglang: sglang-venv
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
+# Two lanes at once: the sandbox lane (tests/infra: mostly waiting on ssh, systemd and health
+# checks) and the CPU lane (everything else, then the SGLang contract tests). Each lane's output
+# is printed as a whole when it ends (make -O); the test fails when either lane fails.
 test: venv sandbox sglang-venv gateway-venv
-	K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) $(PY) -m pytest tests --ignore=tests/sglang $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory -j2 -O test-sandbox-lane test-cpu-lane
+
+test-sandbox-lane:
+	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -p no:cacheprovider $(PYTEST_ARGS)
+
+test-cpu-lane:
+	K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -p no:cacheprovider $(PYTEST_ARGS)
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
 $(SANDBOX_MODEL)/target/config.json: | venv

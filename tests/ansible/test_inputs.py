@@ -1,4 +1,4 @@
-"""Preflight's input rules (roles/preflight/filter_plugins/k26_inputs.py with the spec in
+"""Preflight's input rules (roles/k26_defaults/filter_plugins/k26_inputs.py with the spec in
 roles/preflight/vars/main.yml) and the second wall: the unit and env templates quote what they render."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from .conftest import ROOT
 
 SPEC = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["_preflight_inputs"]
-_module = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/preflight/filter_plugins/k26_inputs.py")
+_module = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
 k26_inputs = importlib.util.module_from_spec(_module)
 _module.loader.exec_module(k26_inputs)
 

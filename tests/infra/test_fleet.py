@@ -221,3 +221,21 @@ def test_a_first_host_that_fails_stops_the_roll_before_the_second(fleet, tmp_pat
     assert {name: budget(name) for name in SERVERS} == before
     assert guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip() == pid_2
     assert traffic.failures == [] and all(ready(url) for _, url in SERVERS.values()) and fleet_lock_free()
+
+
+def test_a_rollback_takes_its_host_out_of_the_pool_and_puts_it_back(fleet, tmp_path):
+    repo = tmp_path / "snapshots"
+    snap = deploy("--limit", "sandbox2", "-e", f"k26_snapshot_repo={repo}", "-e", "snapshot_tag=fleet-base",
+                  playbook="snapshot.yml", fleet=True)
+    assert snap.rc == 0, snap.out[-4000:]
+    before = budget("sandbox2")
+    with Traffic() as traffic:
+        play = deploy("--limit", "sandbox2", "-e", f"k26_snapshot_repo={repo}", "-e", "snapshot_tag=fleet-base",
+                      playbook="playbooks/rollback.yml", fleet=True)
+    assert play.rc == 0, play.out[-4000:]
+    order = [m.group(1) for m in re.finditer(r"TASK \[(Take the host out|Restore the snapshot's files|Put the host back)",
+                                             play.out)]
+    assert order == ["Take the host out", "Restore the snapshot's files", "Put the host back"], order
+    assert "changed: [sandbox2 -> gateway" in play.out                          # it was in the pool, and left it
+    assert traffic.failures == [] and traffic.ok > 10, (traffic.ok, traffic.failures[:5])
+    assert budget("sandbox2") == before and ready(SERVERS["sandbox2"][1])

@@ -1,5 +1,11 @@
-"""Preflight's input checks: every operator-set variable that reaches the unit, the env file or a
+"""Every operator-set variable's rule, and the quoting of the values that reach systemd's files.
+
+Preflight's input checks: every operator-set variable that reaches the unit, the env file or a
 command, by type and pattern, each failure naming the variable, the value and the fix.
+The templates' second wall: `k26_exec_word` (one word of the unit's ExecStart) and
+`k26_env_value` (one value of an EnvironmentFile) quote by systemd's rules whatever is not a
+SAFE_WORD, the same pattern preflight holds values to. (In roles/k26_defaults: every role depends
+on it, so the filters are there for preflight's checks and the service role's templates alike.)
 
 `{{ values | k26_input_errors(spec) }}` -> a list of messages (empty when all pass). `values` maps a
 variable name to its value (only variables the inventory, group vars or -e set; the roles' own
@@ -174,6 +180,28 @@ def k26_input_errors(values: Mapping, spec: Mapping) -> list[str]:
     return errors
 
 
+def _quoted(text: str) -> str:
+    """systemd's double-quoted word: backslash and quote escaped, control characters to spaces."""
+    body = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + re.sub(r"[\x00-\x1f]", " ", body) + '"'
+
+
+def k26_exec_word(value) -> str:
+    """One word of ExecStart: as it is when a SAFE_WORD, else quoted with `%` and `$` doubled
+    (systemd expands specifiers and variables on command lines)."""
+    text = str(value)
+    if SAFE_WORD.fullmatch(text):
+        return text
+    return _quoted(text.replace("%", "%%").replace("$", "$$"))
+
+
+def k26_env_value(value) -> str:
+    """One value of an EnvironmentFile: as it is when empty or a SAFE_WORD, else quoted (an
+    EnvironmentFile expands neither specifiers nor variables)."""
+    text = str(value)
+    return text if text == "" or SAFE_WORD.fullmatch(text) else _quoted(text)
+
+
 class FilterModule:
     def filters(self):
-        return {"k26_input_errors": k26_input_errors}
+        return {"k26_input_errors": k26_input_errors, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value}
