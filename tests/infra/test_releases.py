@@ -17,18 +17,23 @@ from .conftest import ROOT, current_release, deploy
 API_KEY = "sandbox-demo-key"
 
 
-def source_copy(into: Path, app_patch: tuple[str, str] | None = None, note: str = "") -> Path:
-    """A copy of the sources the wheel is built from, changed so it builds another release."""
+CHAT_ROUTE = "src/ddtree/serve/routes/chat.py"
+
+
+def source_copy(into: Path, patch: tuple[str, str, str] | None = None, note: str = "") -> Path:
+    """A copy of the sources the wheel is built from, changed so it builds another release;
+    patch = (file, old text, new text)."""
     into.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, into / name)
     shutil.copytree(ROOT / "src", into / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    if patch:
+        target = into / patch[0]
+        text = target.read_text()
+        assert patch[1] in text, f"the patch of {patch[0]} no longer applies: update the test"
+        target.write_text(text.replace(patch[1], patch[2], 1))
     app = into / "src" / "ddtree" / "serve" / "app.py"
-    text = app.read_text()
-    if app_patch:
-        assert app_patch[0] in text, "the patch no longer applies: update the test"
-        text = text.replace(app_patch[0], app_patch[1], 1)
-    app.write_text(text + f"\n# {note}\n")
+    app.write_text(app.read_text() + f"\n# {note}\n")
     return into
 
 
@@ -67,8 +72,8 @@ def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
 
     # 2. a new release that starts and is healthy but fails the smoke (chat completions answer 500):
     #    the previous release runs again, with its unit, env files and key
-    route = "    async def chat_completions(body: ChatCompletionRequest):\n"
-    broken = source_copy(tmp_path / "broken", (route, route + "        raise RuntimeError('broken on purpose')\n"),
+    route = "async def chat_completions(body: ChatCompletionRequest, service: Service = Depends(service_of)):\n"
+    broken = source_copy(tmp_path / "broken", (CHAT_ROUTE, route, route + "    raise RuntimeError('broken on purpose')\n"),
                          f"broken {uuid.uuid4()}")
     failed = deploy("-e", f"k26_extension_source={broken}", tmp=tmp_path / "b")
     text = re.sub(r"\s+", " ", failed.out)

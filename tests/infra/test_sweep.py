@@ -73,7 +73,8 @@ def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     assert guest("test -e /var/lib/k26-rollback/sweep-in-progress", check=False).returncode == 0
-    play = deploy("-e", '{"sweep_budgets": [16], "sweep_topk_caps": [4], "sweep_max_tokens": 8}', "-e",
+    play = deploy("-e", '{"sweep_budgets": [16], "sweep_topk_caps": [4], "sweep_max_tokens": 8, "sweep_references": [], '
+                  '"sweep_temperatures": [0.0]}', "-e",
                   f"sweep_results_root={tmp_path}", tmp=tmp_path / "b", playbook="playbooks/sweep.yml")
     text = re.sub(r"\s+", " ", play.out)
     assert play.rc == 0, text[-3000:]

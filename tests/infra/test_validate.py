@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import deploy, guest
+from .conftest import ROOT, deploy, guest
 
 QUICK = ["-e", "validate_max_tokens=32", "-e", "validate_concurrency=2"]
 
@@ -41,8 +41,13 @@ def test_validate_passes_with_identical_tokens_and_writes_the_report(converged, 
 
 
 def test_a_broken_accepted_path_fails_with_the_first_divergence(converged, tmp_path):
-    play = deploy(*QUICK, "-e", f"validate_results_root={tmp_path}", "-e",
-                  '{"k26_extra_args": ["--test-corrupt-accepted-path 2"]}', tmp=tmp_path / "a",
+    # the reference and the one broken configuration, on a few of the prompts, are enough to fail
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(json.loads((ROOT / "validation/prompts.json").read_text())[:6]))
+    two = json.dumps({"validate_configs": [{"name": "NONE", "algorithm": "NONE"},
+                                           {"name": "DDTREE-eager", "algorithm": "DDTREE", "cuda_graph": False}],
+                      "validate_prompts": str(prompts), "k26_extra_args": ["--test-corrupt-accepted-path 2"]})
+    play = deploy(*QUICK, "-e", f"validate_results_root={tmp_path}", "-e", two, tmp=tmp_path / "a",
                   playbook="playbooks/validate.yml")
     text = re.sub(r"\s+", " ", play.out)
     assert play.rc != 0 and "VERDICT: FAIL" in text
