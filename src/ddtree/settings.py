@@ -53,15 +53,21 @@ class DDTreeSettings:
         """Tokens per request in a target-verify pass (and its CUDA graphs): budget + 1."""
         return self.budget + 1
 
-    def problems(self, names: SettingNames = PYTHON_NAMES) -> list[str]:
-        """Every range the settings break, in the order budget, cap, block; [] when they are good."""
+    def problems(self, names: SettingNames = PYTHON_NAMES, cap_within_budget: bool = True) -> list[str]:
+        """Every range the settings break, in the order budget, cap, block; [] when they are good.
+
+        cap_within_budget=False accepts a top-k cap above the budget (the engine keeps
+        min(cap, budget, V) candidates per depth anyway); a server's flags are held to cap <= budget.
+        """
         out = []
         if not _is_int(self.budget) or not 1 <= self.budget <= MAX_BUDGET:
             out.append(f"{names.budget}={self.budget!r} is invalid: expected 1..{MAX_BUDGET} "
                        f"({DEFAULT_BUDGET} is the tested default)")
             return out                                  # the other rules are read against the budget
-        if not _is_int(self.topk_cap) or not 1 <= self.topk_cap <= self.budget:
-            out.append(f"{names.topk_cap}={self.topk_cap!r} is invalid: expected 1..budget ({self.budget}); "
+        top = self.budget if cap_within_budget else None
+        if not _is_int(self.topk_cap) or self.topk_cap < 1 or (top is not None and self.topk_cap > top):
+            allowed = f"1..budget ({self.budget})" if top is not None else "an integer >= 1"
+            out.append(f"{names.topk_cap}={self.topk_cap!r} is invalid: expected {allowed}; "
                        f"{DEFAULT_TOPK_CAP} is the tested default")
         out.extend(self._block_problems(names))
         return out
@@ -78,8 +84,8 @@ class DDTreeSettings:
                     f"({block - 1} with {names.topk_cap} 1 is the DFlash chain)"]
         return []
 
-    def check(self, names: SettingNames = PYTHON_NAMES) -> DDTreeSettings:
+    def check(self, names: SettingNames = PYTHON_NAMES, cap_within_budget: bool = True) -> DDTreeSettings:
         """These settings, or DDTreeConfigError with the first problem."""
-        for message in self.problems(names):
+        for message in self.problems(names, cap_within_budget):
             raise DDTreeConfigError(message)
         return self

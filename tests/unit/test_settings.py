@@ -46,6 +46,9 @@ def test_the_engine_and_its_messages_use_the_same_rules():
     """The reference engine refuses what the settings refuse, naming its own argument."""
     pair = init_pair(*PRESETS["tiny"], seed=0)
 
-    with pytest.raises(DDTreeConfigError, match=r"topk_cap=9 is invalid: expected 1..budget \(8\)"):
-        Decoder(pair, "ddtree", budget=8, topk_cap=9)
+    with pytest.raises(DDTreeConfigError, match=r"topk_cap=0 is invalid: expected an integer >= 1"):
+        Decoder(pair, "ddtree", budget=8, topk_cap=0)
+    with pytest.raises(DDTreeConfigError, match=r"budget=0 is invalid: expected 1..1023"):
+        Decoder(pair, "ddtree", budget=0, topk_cap=1)
     assert Decoder(pair, "ddtree", budget=2, topk_cap=2).budget == 2   # trees shallower than the block are fine
+    assert Decoder(pair, "ddtree", budget=1, topk_cap=8).topk_cap == 8  # a cap above the budget is clamped, as before

@@ -53,8 +53,9 @@ class Decoder:
         self.depth = pair.block_size - 1 if method != "ar" else 0  # L
         if method == "dflash":
             budget, topk_cap = self.depth, 1                      # the chain
-        # the engine verifies trees shallower than the draft's block too: the block rule is SGLang's
-        DDTreeSettings(budget, topk_cap).check()
+        # the engine verifies trees shallower than the draft's block and takes any cap (it keeps
+        # min(cap, budget, V) candidates): the block rule and cap <= budget are a server's
+        DDTreeSettings(budget, topk_cap).check(cap_within_budget=False)
         self.budget, self.topk_cap = budget, topk_cap
         p = pair.target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
