@@ -83,9 +83,10 @@ test: venv sandbox sglang-venv gateway-venv
 test-sandbox-lane:
 	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -p no:cacheprovider $(PYTEST_ARGS)
 
+# the CPU lane runs at a lower priority: the sandbox lane is the longer one (its waits are timed)
 test-cpu-lane:
-	K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -p no:cacheprovider $(PYTEST_ARGS)
-	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
+	K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -p no:cacheprovider $(PYTEST_ARGS)
+	nice -n 10 $(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
 $(SANDBOX_MODEL)/target/config.json: | venv
 	$(PY) -m ddtree.reference.init --out $(SANDBOX_MODEL) --seed 0 --preset tiny

@@ -22,7 +22,8 @@ def original_is_running() -> None:
 
 
 def test_validate_passes_with_identical_tokens_and_writes_the_report(converged, tmp_path):
-    play = deploy(*QUICK, "-e", f"validate_results_root={tmp_path}", tmp=tmp_path / "a",
+    # every configuration, every prompt, 16 tokens each (the comparison is token for token)
+    play = deploy(*QUICK, "-e", "validate_max_tokens=16", "-e", f"validate_results_root={tmp_path}", tmp=tmp_path / "a",
                   playbook="playbooks/validate.yml")
     assert play.rc == 0, play.out[-4000:]
     [run] = runs(tmp_path)
