@@ -295,3 +295,16 @@ def test_the_readme_lists_every_role_and_entry_point():
         assert f"`{role}`" in table, f"README's role table lacks {role}"
         for entry in entries:
             assert f"`{entry}`" in table, f"README's role table lacks {role}.{entry}"
+
+
+def test_operator_inputs_are_raw_where_they_are_validated_before_preflight():
+    """The specs that run before preflight's own checks (k26_defaults', as its dependency, and
+    preflight's) take operator inputs raw: a typed one would stop at the first bad value before
+    preflight names them all at once. (The one-type rule then carries raw to the other roles.)"""
+    inputs = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["_preflight_inputs"]
+    first = {k: v for k, v in _argument_specs().items() if k in ("k26_defaults", "preflight")}
+    typed = sorted(f"{role}.{name}: {option.get('type', 'str')}"
+                   for role, entries in first.items() for entry in entries.values()
+                   for name, option in (entry.get("options") or {}).items()
+                   if name in inputs and option.get("type", "str") not in ("raw", "str", "path", "list", "dict"))
+    assert typed == []
