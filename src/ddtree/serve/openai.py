@@ -119,4 +119,4 @@ def native_answer(service: Service, done: Progress, prompt: list[int], top_logpr
         meta["output_token_logprobs"] = [[lp, tok, None] for (lp, _), tok in zip(final.logprobs, tokens)]
         if top_logprobs > 0:
             meta["output_top_logprobs"] = [[[v, i, None] for i, v in top] for _, top in final.logprobs]
-    return {"text": service.tokenizer.decode(tokens), "output_ids": tokens, "meta_info": meta}
+    return {"text": done.text, "output_ids": tokens, "meta_info": meta}   # follow decoded them (no stops here)
