@@ -9,9 +9,11 @@ write them) in the checkpoint formats SGLang 0.5.23 loads, with no code of SGLan
   OUT/draft   DFlashDraftModel: config.json with dflash_config {block_size, target_layer_ids,
               mask_token_id} + model.safetensors (layers.i.*, fc, hidden_norm, norm); embeddings
               and LM head are the target's, as in SGLang.
-Serve them with --skip-tokenizer-init (the byte tokenizer is the project's own; requests send
-input_ids). The architectures are the same maths: pre-norm Qwen3 blocks with per-head q/k
-RMSNorm and rotate-half RoPE; a DFlash draft whose context K/V come from fc + hidden_norm over
+OUT/target also gets the byte tokenizer as a Hugging Face fast tokenizer with a chat template
+(ddtree.reference.hf_tokenizer), so `sglang serve` answers text, chat and completions requests as
+it does in production; --skip-tokenizer-init (requests send input_ids) works as before.
+The architectures are the same maths: pre-norm Qwen3 blocks with per-head q/k RMSNorm and
+rotate-half RoPE; a DFlash draft whose context K/V come from fc + hidden_norm over
 the concatenated outputs of target_layer_ids (SGLang captures layer k's output as the input of
 layer k + 1, so the ids must stay below the target's last layer).
 """
@@ -27,6 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from ddtree.reference.config import DraftConfig, TargetConfig
+from ddtree.reference.hf_tokenizer import write_hf_tokenizer
 from ddtree.reference.pair import Pair, load_pair
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -99,6 +102,7 @@ def export_pair(pair: Pair, out: Path, dtype: str = "bfloat16") -> None:
     draft_cfg = draft_config(pair.draft.config, pair.target.config, dtype)   # checks before writing anything
     _write(out / "target", target_config(pair.target.config, dtype), target_tensors(pair), DTYPES[dtype])
     _write(out / "draft", draft_cfg, draft_tensors(pair), DTYPES[dtype])
+    write_hf_tokenizer(pair.tokenizer, out / "target", pair.target.config.max_position_embeddings)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     args = ap.parse_args(argv)
     export_pair(load_pair(args.pair), Path(args.out), args.dtype)
-    print(f"exported {args.pair} to {args.out} (Qwen3ForCausalLM + DFlashDraftModel, {args.dtype})")
+    print(f"exported {args.pair} to {args.out} (Qwen3ForCausalLM + DFlashDraftModel, {args.dtype}; byte tokenizer.json "
+          "with a chat template)")
     return 0
 
 
