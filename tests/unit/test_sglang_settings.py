@@ -138,6 +138,8 @@ def test_the_export_writes_qwen3_and_dflash_checkpoints_with_every_weight(tmp_pa
     assert target_cfg["architectures"] == ["Qwen3ForCausalLM"] and target_cfg["tie_word_embeddings"] is False
     assert draft_cfg["architectures"] == ["DFlashDraftModel"]
     assert draft_cfg["dflash_config"] == {"block_size": 4, "target_layer_ids": [0, 1], "mask_token_id": 258}
+    # the tokenizer SGLang loads from the target's folder (no --skip-tokenizer-init needed)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "target").iterdir()}
     assert draft_cfg["num_target_layers"] == 3 and draft_cfg["vocab_size"] == target_cfg["vocab_size"] == 260
     target = load_file(str(tmp_path / "target/model.safetensors"))
     draft = load_file(str(tmp_path / "draft/model.safetensors"))

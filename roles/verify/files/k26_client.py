@@ -1,14 +1,18 @@
 """Client of the local k26-ddtree service for the verify role and the sweep (standard library only).
 
   python3 k26_client.py smoke URL MODEL MAX_TOKENS PROMPT
-      temperature 0 twice (must match), then 0.7 (must answer); prints one JSON line
+      temperature 0 twice (must match), then 0.7 (must answer); prints one JSON line. An answer's
+      text is its reasoning (a server with a reasoning parser returns it apart) and its content.
+      No request carries a seed: a DDTREE server refuses a seed above temperature 0.
   python3 k26_client.py load URL MODEL MAX_TOKENS CONCURRENCY TEMPERATURE
       a fixed prompt set with CONCURRENCY parallel requests; prints tokens/s and accept length as
       the client sees them and as the server's own /metrics counters say (generated tokens and
       verify steps over the load), latency p50/p95 and errors as one JSON line
-  python3 k26_client.py validate URL PROMPTS_JSON MAX_TOKENS CONCURRENCY
-      every prompt at temperature 0 through the native /generate route with token ids and top-2
-      log-probs (one at a time), then again with CONCURRENCY in parallel for tokens/s, and the
+  python3 k26_client.py validate URL PROMPTS_JSON MAX_TOKENS CONCURRENCY [TOP_LOGPROBS]
+      every prompt at temperature 0 through the native /generate route with token ids (one at a
+      time; with TOP_LOGPROBS > 0, default 0, also the top log-probs of each step: validate.yml
+      asks the NONE reference only, whose top-2 margins decide near ties, since a DDTREE server
+      does not serve log-probs), then again with CONCURRENCY in parallel for tokens/s, and the
       time to first token of a streamed completion; prints one JSON document
   python3 k26_client.py get URL PATH
       one authenticated GET (e.g. /model_info); prints the JSON body
@@ -80,13 +84,19 @@ def post_json(url: str, path: str, body: dict, timeout: float) -> dict:
     return out
 
 
-def chat(url: str, model: str, max_tokens: int, prompt: str, temperature: float, seed=None) -> dict:
+def chat(url: str, model: str, max_tokens: int, prompt: str, temperature: float) -> dict:
     """One chat completion; returns the response plus its wall time, or {'error': ...}."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": temperature, "return_spec_tokens_details": True}
-    if seed is not None:
-        body["seed"] = seed
     return post_json(url, "/v1/chat/completions", body, 600)
+
+
+def answer_text(out: dict) -> str:
+    """The whole generated text of a chat answer: a server started with a reasoning parser (Kimi
+    K2.6's kimi_k2) returns the reasoning apart from the content, and a short answer of a thinking
+    model may be reasoning only (content null)."""
+    message = out["choices"][0]["message"]
+    return (message.get("reasoning_content") or "") + (message.get("content") or "")
 
 
 def accept_length(out: dict):
@@ -94,11 +104,11 @@ def accept_length(out: dict):
 
 
 def smoke(url: str, model: str, max_tokens: int, prompt: str) -> None:
-    answers = [chat(url, model, max_tokens, prompt, t, seed=0) for t in (0.0, 0.0, 0.7)]
+    answers = [chat(url, model, max_tokens, prompt, t) for t in (0.0, 0.0, 0.7)]
     failed = [a["error"] for a in answers if "error" in a]
     if failed:
         sys.exit(f"smoke request failed: {failed[0]}")
-    texts = [a["choices"][0]["message"]["content"] for a in answers]
+    texts = [answer_text(a) for a in answers]
     tokens = [a["usage"]["completion_tokens"] for a in answers]
     print(json.dumps({"texts": texts, "tokens": tokens, "tokens_per_s": round(tokens[0] / answers[0]["seconds"], 1),
                       "accept_length": accept_length(answers[0])}))
@@ -180,15 +190,15 @@ def first_token_seconds(url: str, text: str) -> float | None:
     return None
 
 
-def validate(url: str, prompts_file: str, max_tokens: int, concurrency: int) -> None:
+def validate(url: str, prompts_file: str, max_tokens: int, concurrency: int, top_logprobs: int = 0) -> None:
     prompts = json.load(open(prompts_file))
     per_prompt = []
     t0 = time.perf_counter()
-    for p in prompts:  # concurrency 1: also the token ids and log-probs compared across configurations
-        out = native(url, p["text"], max_tokens, 2)
+    for p in prompts:  # concurrency 1: the token ids compared across configurations (and the reference's log-probs)
+        out = native(url, p["text"], max_tokens, top_logprobs)
         meta = out.get("meta_info", {})
         per_prompt.append({"id": p["id"], "error": out.get("error"), "output_ids": out.get("output_ids", []),
-                           "top2": [[[i, lp] for lp, i, _ in top] for top in meta.get("output_top_logprobs", [])],
+                           "top2": [[[i, lp] for lp, i, _ in top] for top in meta.get("output_top_logprobs") or []],
                            "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct")})
     wall1 = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -214,8 +224,8 @@ def main(argv: list[str]) -> None:
         load(argv[2], argv[3], int(argv[4]), int(argv[5]), float(argv[6]))
     elif len(argv) == 4 and argv[1] == "get":
         get(argv[2], argv[3])
-    elif len(argv) == 6 and argv[1] == "validate":
-        validate(argv[2], argv[3], int(argv[4]), int(argv[5]))
+    elif len(argv) in (6, 7) and argv[1] == "validate":
+        validate(argv[2], argv[3], int(argv[4]), int(argv[5]), int(argv[6]) if len(argv) == 7 else 0)
     else:
         sys.exit(__doc__)
 
