@@ -3,6 +3,11 @@
 # the test bed is staged (docs/gpu-testbed.md):
 #   tests/gpu_sglang/run.sh [pytest args]      e.g. -k 'not test_ddtree_greedy or b32-c8'
 #   tests/gpu_sglang/run.sh --bench [bench/sglang_e2e.py args]   e.g. --quick
+#   tests/gpu_sglang/run.sh --production [pytest args]   the production example's unit as rendered
+#       (.testbed/plan.json from tests/gpu_sglang/production_plan.py, carried) with the playbooks'
+#       clients: the pair is exported to the plan's model paths; smg comes from its pinned wheel
+#       (requirements/gateway.txt), carried whole in .whl/ or in parts (SMG_PARTS: smg.part* +
+#       smg.name, see tools/fetch_smg_wheel.sh), installed with --target into K26_GATEWAY_SITE
 # Installs the project into the test bed's site (its entry point is how SGLang finds the plugin),
 # trains the byte-level pair when none is there (bench/train_pair.py --size small, TRAIN_MINUTES;
 # BLOCKS=8,16 adds a block-16 draft of the same target, served as draft16: configurations -k16),
@@ -39,7 +44,24 @@ if [ -f "$WORK/pair/b16/draft/model.safetensors" ]; then      # the same target:
   ln -sfn "$WORK/sglang-pair16/draft" "$WORK/sglang-pair/draft16"
 fi
 echo "[run] pair ready after $(( $(date +%s) - t0 )) s"
-if [ "${1:-}" = "--bench" ]; then    # bench/sglang_e2e.py on the same pair instead of the tests
+if [ "${1:-}" = "--production" ]; then     # the rendered production unit on this pair
+  shift
+  root=$(python3 -c "import yaml; print(yaml.safe_load(open('tests/gpu_sglang/testbed.yml'))['root'])")
+  mkdir -p "$root/models"
+  ln -sfn "$WORK/sglang-pair/target" "$root/models/target"; ln -sfn "$WORK/sglang-pair/draft" "$root/models/draft"
+  export K26_GATEWAY_SITE=$root/gateway-site
+  if [ ! -d "$K26_GATEWAY_SITE/smg" ]; then
+    parts=${SMG_PARTS:-.whl}
+    if ls "$parts"/smg.part* >/dev/null 2>&1; then cat "$parts"/smg.part* > "$root/$(cat "$parts"/smg.name)"; fi
+    wheel=$(ls "$root"/smg-*.whl .whl/smg-*.whl 2>/dev/null | head -1)
+    [ -n "$wheel" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "$K26_GATEWAY_SITE" "$wheel" \
+      2>&1 | grep -vi warning
+  fi
+  SGLANG_DDTREE_PAIR="$WORK/sglang-pair" SGLANG_DDTREE_REF="$WORK/pair/b8" \
+  SGLANG_DDTREE_PROMPTS="$WORK/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUTDIR" \
+  K26_TESTBED_PLAN=${K26_TESTBED_PLAN:-.testbed/plan.json} \
+    python3 -m pytest tests/gpu_sglang/test_production_path.py -p no:cacheprovider -q -rfE "$@"
+elif [ "${1:-}" = "--bench" ]; then    # bench/sglang_e2e.py on the same pair instead of the tests
   shift
   python3 bench/sglang_e2e.py --pair "$WORK/sglang-pair" --prompts "$WORK/pair/heldout_prompts.json" \
     --out "$OUTDIR" "$@"
@@ -53,7 +75,8 @@ echo "[run] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
 # what comes back through the device tool's $OUT (at most 8 files): tables, results, the logs and traces
 if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUTDIR" ]; then
   cp "$OUTDIR"/results.md "$OUTDIR"/results.json "$OUTDIR"/table.md "$OUTDIR"/tokens_per_s.png "$OUT"/ 2>/dev/null
-  cp "$OUTDIR"/profile.md "$OUTDIR"/profile.json "$OUT"/ 2>/dev/null
+  cp "$OUTDIR"/profile.md "$OUTDIR"/profile.json "$OUTDIR"/validate-report.md "$OUTDIR"/sweep-results.md "$OUT"/ \
+    2>/dev/null
   tar czf "$OUT/logs.tgz" -C "$OUTDIR" logs $(cd "$OUTDIR" && ls -d traces 2>/dev/null) 2>/dev/null
   if [ "${PACK:-0}" = 1 ]; then
     tar czf - -C "$WORK" pair | split -b 15M - "$OUT/pair.tgz.part"
