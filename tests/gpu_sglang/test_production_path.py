@@ -86,18 +86,20 @@ def prepare_host(plan: dict) -> dict:
     (config_dir / "k26-ddtree.yaml").chmod(0o640)
     state.mkdir(parents=True, exist_ok=True)
     (venv / "bin").mkdir(parents=True, exist_ok=True)
-    console = Path(os.environ["SITE"]) / "bin/sglang"
+    exe = shutil.which("python3")          # the image's venv python, by its own path (keeps that venv)
+    # bin/sglang as pip writes a console script for SGLang's entry point (sglang.cli.main:main; pip
+    # --target leaves none), under the __main__ guard that spawned scheduler processes rely on
     sglang = venv / "bin/sglang"
-    if not sglang.exists():
-        if console.exists():
-            shutil.copy(console, sglang)
-        else:    # pip --target wrote no script: the same entry point (sglang.cli.main:main)
-            sglang.write_text(f"#!{shutil.which('python3')}\nimport sys\nfrom sglang.cli.main import main\n"
-                              "sys.exit(main())\n")
-        sglang.chmod(0o755)
+    sglang.write_text(f"#!{exe}\nimport re\nimport sys\nfrom sglang.cli.main import main\n"
+                      "if __name__ == \"__main__\":\n"
+                      "    sys.argv[0] = re.sub(r\"(-script\\.pyw|\\.exe)?$\", \"\", sys.argv[0])\n"
+                      "    sys.exit(main())\n")
+    sglang.chmod(0o755)
+    # bin/python: the image's venv interpreter (a symlink would lose that venv's site-packages)
     python = venv / "bin/python"
-    if not python.exists():
-        python.symlink_to(shutil.which("python3"))
+    python.unlink(missing_ok=True)
+    python.write_text(f"#!/bin/sh\nexec {exe} \"$@\"\n")
+    python.chmod(0o755)
     for name in ("k26_model_path", "k26_draft_model_path"):
         if not (Path(variable(plan, name)) / "config.json").exists():
             raise FileNotFoundError(f"{name}={variable(plan, name)} has no config.json: run.sh exports the pair there")
