@@ -100,6 +100,10 @@ def prepare_host(plan: dict) -> dict:
     python.unlink(missing_ok=True)
     python.write_text(f"#!/bin/sh\nexec {exe} \"$@\"\n")
     python.chmod(0o755)
+    # bin/ninja: SGLang's JIT builds run it by name (the production venv has pip's ninja there)
+    ninja = venv / "bin/ninja"
+    if not ninja.exists():
+        ninja.symlink_to(shutil.which("ninja"))
     for name in ("k26_model_path", "k26_draft_model_path"):
         if not (Path(variable(plan, name)) / "config.json").exists():
             raise FileNotFoundError(f"{name}={variable(plan, name)} has no config.json: run.sh exports the pair there")
