@@ -66,5 +66,5 @@ def test_each_servers_commands_render_from_the_task_files(tmp_path, algorithm):
     modes = [c.argv[2] for c in calls]
     assert modes == ["get", "smoke", "validate", "load", "load"]
     assert all(c.argv[1] == str(pc.CLIENT) and c.env == {"K26_CONFIG_FILE": site.config_file} for c in calls)
-    # the NONE reference alone is asked for the top-2 log-probs (validate.yml's last argument)
-    assert calls[2].argv[-1] == ("2" if algorithm == "NONE" else "0")
+    # the NONE reference alone is asked for its top log-probs (validate.yml's last argument)
+    assert calls[2].argv[-1] == ("5" if algorithm == "NONE" else "0")

@@ -63,7 +63,7 @@ class Capture(BaseHTTPRequestHandler):
                                                       "reasoning_content": None}}],
                              "usage": {"completion_tokens": 2}, "sglext": details})
         elif self.path == "/generate":
-            step = [[-0.1, 7, None], [-2.5, 9, None]]
+            step = [[-0.1, 7, None], [-2.5, 9, None], [-3.0, 11, None]]
             self._send(200, {"text": "ab", "output_ids": [7, 7],
                              "meta_info": {"output_top_logprobs": [step, step] if body.get("return_logprob") else None,
                                            "spec_accept_length": 2.0, "spec_verify_ct": 1}})
@@ -182,12 +182,12 @@ def test_a_ddtree_server_serves_every_request_the_playbooks_send_it(served):
 
 
 def test_sglang_takes_the_none_references_requests_and_its_logprob_asks(served):
-    """validate.yml asks the NONE reference, and only it, for the top-2 log-probs of each step."""
+    """validate.yml asks the NONE reference, and only it, for the top log-probs of each step."""
     sent, results = served
     assert all(v["refusal"] is None for v in results["NONE"])
     validate = {c.name: c.argv[-1] for algorithm in sent for c, _ in sent[algorithm] if c.name.startswith("validate")}
-    assert validate == {"validate (NONE)": "2", "validate (DDTREE)": "0"}
-    asked = [v for v in results["NONE"] if v["top_logprobs_num"] == 2 and v["return_logprob"]]
+    assert validate == {"validate (NONE)": "5", "validate (DDTREE)": "0"}
+    asked = [v for v in results["NONE"] if v["top_logprobs_num"] == 5 and v["return_logprob"]]
     assert len(asked) == 3        # one per prompt of the (cut) prompt set
 
 

@@ -11,8 +11,8 @@
   python3 k26_client.py validate URL PROMPTS_JSON MAX_TOKENS CONCURRENCY [TOP_LOGPROBS]
       every prompt at temperature 0 through the native /generate route with token ids (one at a
       time; with TOP_LOGPROBS > 0, default 0, also the top log-probs of each step: validate.yml
-      asks the NONE reference only, whose top-2 margins decide near ties, since a DDTREE server
-      does not serve log-probs), then again with CONCURRENCY in parallel for tokens/s, and the
+      asks the NONE reference only, whose log-probs decide near ties, since a DDTREE server does
+      not serve log-probs), then again with CONCURRENCY in parallel for tokens/s, and the
       time to first token of a streamed completion; prints one JSON document
   python3 k26_client.py get URL PATH
       one authenticated GET (e.g. /model_info); prints the JSON body
@@ -198,7 +198,7 @@ def validate(url: str, prompts_file: str, max_tokens: int, concurrency: int, top
         out = native(url, p["text"], max_tokens, top_logprobs)
         meta = out.get("meta_info", {})
         per_prompt.append({"id": p["id"], "error": out.get("error"), "output_ids": out.get("output_ids", []),
-                           "top2": [[[i, lp] for lp, i, _ in top] for top in meta.get("output_top_logprobs") or []],
+                           "top": [[[i, lp] for lp, i, _ in top] for top in meta.get("output_top_logprobs") or []],
                            "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct")})
     wall1 = time.perf_counter() - t0
     t0 = time.perf_counter()
