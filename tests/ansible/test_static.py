@@ -121,6 +121,25 @@ def test_production_dflash_fallback_drops_exactly_the_two_ddtree_flags(tmp_path,
     assert exec_flags(files["k26-gpu-01.service"]) == flags
 
 
+def test_production_none_fallback_renders_no_speculative_flag(tmp_path, vault_pass):
+    """sglang 0.5.23 takes `--speculative-algorithm NONE` for speculation on and its tokenizer manager
+    dies on the first finished request (GPU test bed, 2026-12-01): NONE is SGLang's default, no flag."""
+    files = render("production", tmp_path, vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "NONE"}))
+    flags = exec_flags(files["k26-gpu-01.service"])
+    assert flags == [f for f in PRODUCTION_FLAGS if not f.startswith("--speculative")]
+    # ddtree-serve defaults to DDTREE, so the sandbox's NONE keeps the flag
+    (tmp_path / "s").mkdir()
+    sandbox = render("sandbox", tmp_path / "s", vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "NONE"}))
+    assert "--speculative-algorithm NONE" in exec_flags(sandbox["sandbox.service"])
+
+
+def test_the_units_path_has_the_venvs_bin_first(tmp_path, vault_pass):
+    """SGLang's JIT builds run `ninja` by name; the venv holds it and systemd's default PATH does not
+    (the first CUDA graph capture failed without it on the GPU test bed, 2026-12-01)."""
+    env = render("production", tmp_path, vault_pass)["k26-gpu-01.env"]
+    assert "PATH=/opt/k26/current/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" in env.splitlines()
+
+
 @pytest.mark.parametrize("graphs,budget,cap", [(True, 8, 4), (False, 32, 8), (False, 128, 16), (True, 512, 8)])
 def test_rendered_flags_follow_graphs_and_budget(tmp_path, vault_pass, graphs, budget, cap):
     files = render("production", tmp_path, vault_pass, "-e",

@@ -86,6 +86,8 @@ def test_the_runner_adds_the_test_beds_variables_without_overriding_the_units(re
     bed, out = renders
     _, test = out["DDTREE"]
     env = pp.process_env(test.environment, bed, "/site")
-    assert env["PYTHONPATH"] == "/site" and env["SGLANG_PLUGINS"] == "ddtree" and env["PATH"] == pp.SYSTEMD_PATH
+    assert env["PYTHONPATH"] == "/site" and env["SGLANG_PLUGINS"] == "ddtree"
+    # the unit's own PATH (the venv's bin, where ninja is, before systemd's default) is kept
+    assert env["PATH"] == "/tmp/k26-testbed/venv/bin:" + pp.SYSTEMD_PATH
     with pytest.raises(ValueError, match="override the unit's own"):
         pp.process_env({**test.environment, "PYTHONPATH": "/elsewhere"}, bed, "/site")
