@@ -105,6 +105,21 @@ CONFIGS = {c.name: c for c in [NONE, DFLASH, CHAIN, *MATRIX]}
 WARM = ("none", "dflash", "ddtree-b32-c8-graphs", "ddtree-b32-c8-eager", CHAIN.name)
 
 
+def stop_group(proc: subprocess.Popen | None, timeout: float) -> None:
+    """End a server started in a session of its own: SIGTERM to the group whose leader is our child
+    (scheduler and detokenizer included), SIGKILL after `timeout` seconds. By PID, never by name."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @dataclass
 class Server:
     config: ServerConfig
@@ -144,16 +159,7 @@ class Server:
         return False
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)     # the group whose leader is our child
-            self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_group(self.proc, 30)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

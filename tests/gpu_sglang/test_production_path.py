@@ -33,6 +33,9 @@ import pytest
 
 from tests import playbook_clients as pc
 from tests.gpu_sglang import production_plan as pp
+from tests.helpers import import_bench
+
+harness = import_bench("sglang_servers")
 
 pytestmark = pytest.mark.sglang_gpu
 
@@ -133,18 +136,6 @@ def wait_healthy(server: Started, t0: float, timeout: float) -> None:
         time.sleep(2)
 
 
-def stop(server: Started) -> None:
-    if server.proc.poll() is None:
-        try:
-            os.killpg(server.proc.pid, signal.SIGTERM)
-            server.proc.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(server.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 @pytest.fixture(scope="session")
 def host(plan) -> dict:
     return prepare_host(plan)
@@ -158,7 +149,7 @@ def servers(plan, host):
         list(pool.map(lambda s: wait_healthy(s, t0, START_TIMEOUT), started.values()))
     yield started
     for server in started.values():
-        stop(server)
+        harness.stop_group(server.proc, 60)
 
 
 def healthy(servers: dict, name: str) -> Started:
