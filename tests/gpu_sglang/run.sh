@@ -75,7 +75,8 @@ echo "[run] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
 # what comes back through the device tool's $OUT (at most 8 files): tables, results, the logs and traces
 if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUTDIR" ]; then
   cp "$OUTDIR"/results.md "$OUTDIR"/results.json "$OUTDIR"/table.md "$OUTDIR"/tokens_per_s.png "$OUT"/ 2>/dev/null
-  cp "$OUTDIR"/profile.md "$OUTDIR"/profile.json "$OUTDIR"/validate-report.md "$OUTDIR"/sweep-results.md "$OUT"/ \
+  cp "$OUTDIR"/profile.md "$OUTDIR"/profile.json "$OUTDIR"/validate-report.md "$OUTDIR"/validate-float32-gaps.json \
+    "$OUTDIR"/sweep-results.md "$OUT"/ \
     2>/dev/null
   tar czf "$OUT/logs.tgz" -C "$OUTDIR" logs $(cd "$OUTDIR" && ls -d traces 2>/dev/null) 2>/dev/null
   if [ "${PACK:-0}" = 1 ]; then

@@ -247,7 +247,47 @@ def test_validate_passes_with_the_playbooks_client_and_report(plan, servers, tmp
     for s in summary["configurations"]:
         record_property(s["config"], {"accept": s["accept_length_mean"], "tok/s c1": s["tokens_per_s_c1"],
                                       "errors": s["errors"]})
+    gaps = reference_gaps(summary, json.loads((out / "NONE.json").read_text()))
+    record_property("float32 reference gap at each divergence (NONE's token minus the one taken)", gaps)
+    (_out() / "validate-float32-gaps.json").write_text(json.dumps(gaps, indent=1) + "\n")
     assert report.returncode == 0, (out / "report.md").read_text()[-3000:]
+    # a bf16 flip between two tokens the target itself nearly ties; a wrong position or parent in the
+    # tree costs whole nats (the export test's bound on |d log p| is the same 0.5)
+    assert all(abs(g["float32_gap"]) < FLOAT32_TIE for g in gaps), gaps
+
+
+FLOAT32_TIE = 0.5
+
+
+def reference_gaps(summary: dict, none_run: dict) -> list[dict]:
+    """For each first divergence from NONE in validate's report: the float32 reference target's
+    log-prob of NONE's token minus that of the token the configuration took, on the same tokens
+    (the prompt as SGLang tokenizes it: <bos> + bytes, then the common prefix). The reference
+    pair is the trained one (SGLANG_DDTREE_REF), its weights rounded to bf16 as the export stores
+    them: what SGLang computes, without bf16 activations."""
+    import torch
+
+    from ddtree.reference.pair import load_pair
+
+    texts = {p["id"]: p["text"] for p in json.loads((ROOT / "validation/prompts.json").read_text())}
+    outputs = {p["id"]: p["output_ids"] for p in none_run["prompts"]}
+    pair = load_pair(Path(os.environ["SGLANG_DDTREE_REF"]), device="cuda", dtype=torch.float32)
+    gaps = []
+    with torch.no_grad():
+        for prm in pair.target.parameters():
+            prm.copy_(prm.to(torch.bfloat16).float())
+        for config in summary["configurations"]:
+            for pid, c in (config.get("prompts") or {}).items():
+                if c["status"] not in ("near-tie", "mismatch") or c.get("got") is None:
+                    continue
+                ids = pair.tokenizer.encode(texts[pid]) + outputs[pid][:c["index"]]     # [T]
+                logits = pair.target.forward_sequence(torch.tensor([ids], device="cuda")).logits[0, -1]  # [V]
+                logp = torch.log_softmax(logits.float(), -1)
+                gaps.append({"config": config["config"], "prompt": pid, "index": c["index"],
+                             "bf16_margin": c["margin"],
+                             "float32_gap": round(float(logp[c["expected"]] - logp[c["got"]]), 5),
+                             "float32_best": int(logp.argmax())})
+    return gaps
 
 
 # --- sweep.yml's client and report ------------------------------------------------------------------

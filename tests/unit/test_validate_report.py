@@ -64,3 +64,15 @@ def test_a_run_with_only_near_ties_passes_and_one_bug_fails(tmp_path):
     assert vr.main(["x", str(tmp_path / "bad"), str(MARGIN)]) == 1
     report = (tmp_path / "bad" / "report.md").read_text()
     assert report.startswith("VERDICT: FAIL") and "mismatch at token 2: expected 5, got 3, margin None" in report
+
+
+def test_the_playbooks_margin_takes_the_flip_the_gpu_run_met_and_not_two_steps_more():
+    """validate.yml's margin: a token 0.125 below NONE's best (the 1-in-22 flip of the production
+    path's run 5 on the GPU test bed) is a near tie; 0.25 below is a mismatch."""
+    from tests.playbook_clients import play_vars
+
+    margin = float(play_vars("playbooks/validate.yml")["validate_near_tie_margin"])
+    step = [[5, -1.0], [6, -1.125], [7, -1.25]]
+    none = {"output_ids": [5, 9], "top": [step, [[9, -0.1]]]}
+    assert vr.compare(none, run([6, 4]), margin)["status"] == "near-tie"
+    assert vr.compare(none, run([7, 4]), margin)["status"] == "mismatch"
