@@ -92,8 +92,9 @@ def _environment() -> jinja2.Environment:
 
 
 def play_vars(playbook: str) -> dict:
-    """The `vars` of a playbook's first play (values with templates are left as written)."""
-    return dict(_yaml(playbook)[0].get("vars") or {})
+    """The `vars` of a playbook's first play of its own (not an import_playbook line; values with
+    templates are left as written)."""
+    return dict(next(p for p in _yaml(playbook) if "hosts" in p).get("vars") or {})
 
 
 def role_defaults(role: str) -> dict:

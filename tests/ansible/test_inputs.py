@@ -58,6 +58,46 @@ MALFORMED = [
     ("k26_smoke_prompt", "", "printable characters on one line"),
     ("k26_lock_ttl", "2h", "expected an integer 1..604800"),
     ("k26_max_exposure", "low", "expected a number 0..10"),
+    # folders the project owns: no system folder, no parent of one, nothing under /tmp (issue 29)
+    ("k26_state_dir", "/var/lib", "is a system folder or a parent of one"),
+    ("k26_state_dir", "/", "is a system folder or a parent of one"),
+    ("k26_state_dir", "/var", "is a system folder or a parent of one"),
+    ("k26_config_dir", "/etc", "is a system folder or a parent of one"),
+    ("k26_config_dir", "/etc/systemd", "is a system folder or a parent of one"),
+    ("k26_prefix", "/tmp", "is a system folder or a parent of one"),
+    ("k26_prefix", "/usr/local", "is a system folder or a parent of one"),
+    ("k26_prefix", "/tmp/k26", "is under a world-writable or pseudo file system"),
+    ("k26_venv", "/dev/shm/venv", "is under a world-writable or pseudo file system"),
+    ("k26_rollback_root", "/var/tmp/k26", "is under a world-writable or pseudo file system"),
+    ("k26_state_dir", "/var/lib/k26/", "expected a normalised path"),
+    ("k26_state_dir", "/var/lib//k26", "expected a normalised path"),
+    ("k26_state_dir", "/home/alice", "is a user's home folder"),
+    ("k26_gpu_report_path", "/tmp/report.json", "is under a world-writable"),
+    ("k26_gateway_config_dir", "/etc", "is a system folder"),
+    ("k26_lock_dir", "/run", "is a system folder"),
+    # the flags the roles own are refused in k26_extra_args, in both spellings
+    ("k26_extra_args", ["--config /dev/null"], "--config is set by the roles from k26_config_dir"),
+    ("k26_extra_args", ["--api-key K"], "--api-key is set by the roles from k26_api_key"),
+    ("k26_extra_args", ["--port=31000"], "--port is set by the roles from k26_port"),
+    ("k26_extra_args", ["--host 0.0.0.0"], "--host is set by the roles from k26_host"),
+    ("k26_extra_args", ["--model-path /srv/other"], "--model-path is set by the roles from k26_model_path"),
+    ("k26_extra_args", ["--speculative-ddtree-budget 64"], "--speculative-ddtree-budget is set by the roles"),
+    ("k26_extra_args", ["--speculative-draft-model-path=/x"], "is set by the roles from k26_speculative_algorithm"),
+    # variables without a rule before issue 29
+    ("k26_device_allow", ["char-nvidia-frontend rw\nDeviceAllow=block-sda rw"], "a DeviceAllow entry"),
+    ("k26_device_allow", "char-nvidia-frontend rw", "expected a non-empty list"),
+    ("k26_cuda_major", "13)\nimport os", "expected an integer 11..99"),
+    ("k26_gateway_worker_url", "http://10.0.0.1:30000/x --y", "expected http://HOST:PORT"),
+    ("k26_gateway_worker_url", "http://host:99999", "a port 1..65535"),
+    ("k26_gateway_port", 99999, "expected an integer 1..65535"),
+    ("k26_gateway_listen", "0.0.0.0 --x", "expected an IPv4 or IPv6 address"),
+    ("k26_gateway_admin_key", "key with spaces 123456", "expected up to 256 characters"),
+    ("k26_gateway_user", "Root", "expected a user or group name"),
+    ("sweep_temperatures", ["0.7; rm -rf /"], "expected a number 0..2"),
+    ("sweep_budgets", [8, "16 --x"], "expected an integer 1..1023"),
+    ("validate_near_tie_margin", "wide", "expected a number 0..1"),
+    ("snapshot_tag", "tag with spaces", "a tag name"),
+    ("snapshot_force", "perhaps", "expected true or false"),
 ]
 
 
@@ -88,12 +128,54 @@ def test_every_variable_the_unit_renders_has_a_rule():
     unit = (ROOT / "templates/etc/systemd/system/k26-ddtree.service.j2").read_text()
     env = (ROOT / "templates/etc/k26/k26-ddtree.env.j2").read_text()
     # variables, not the quoting filters (`| k26_exec_word`) nor the role named in the comments
-    rendered = set(re.findall(r"\bk26_[a-z0-9_]+", unit + env)) - {"k26_exec_word", "k26_env_value", "k26_defaults"}
+    rendered = set(re.findall(r"\bk26_[a-z0-9_]+", unit + env)) - {"k26_exec_word", "k26_env_value", "k26_unit_value", "k26_defaults"}
     derived = {"k26_venv"}  # <k26_prefix>/releases/<hash>/venv, set by the release role
-    not_operator_values = {"k26_device_allow", "k26_templates_dir"}
+    not_operator_values = {"k26_templates_dir"}
     assert rendered - set(SPEC) - derived - not_operator_values == set()
 
 
 def test_an_unknown_kind_in_the_spec_is_a_clear_error():
     with pytest.raises(ValueError, match="k26_x has an unknown kind 'float'"):
         k26_inputs.k26_input_errors({"k26_x": 1}, {"k26_x": {"kind": "float"}})
+
+
+def test_the_roles_own_defaults_pass_their_rules():
+    """Every default of every role that the spec names (a default the rules refused would stop
+    every deploy): the project's folders /opt/k26, /var/lib/k26, /etc/k26, /run/k26-deploy ... pass."""
+    values = {}
+    for path in sorted(ROOT.glob("roles/*/defaults/main.yml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        values.update({k: v for k, v in data.items() if k in SPEC and "{{" not in str(v)})
+    # the inventory must set the model (preflight says so); the defaults leave it empty on purpose
+    values["k26_model_path"] = "/srv/models/m"
+    fleet = yaml.safe_load((ROOT / "playbooks/vars/fleet.yml").read_text())
+    values.update({k: v for k, v in fleet.items() if k in SPEC and "{{" not in str(v)})
+    for playbook in ("sweep", "validate"):
+        plays = [p for p in yaml.safe_load((ROOT / f"playbooks/{playbook}.yml").read_text()) if "hosts" in p]
+        values.update({k: v for k, v in plays[0]["vars"].items() if k in SPEC and "{{" not in str(v)})
+    assert k26_inputs.k26_input_errors(values, SPEC) == []
+    assert {"k26_state_dir", "k26_prefix", "k26_lock_dir", "k26_fleet_lock_dir", "k26_gpu_report_path",
+            "k26_gateway_config_dir", "k26_device_allow", "sweep_temperatures", "validate_near_tie_margin"} <= set(values)
+
+
+@pytest.mark.parametrize("path", ["/opt/k26", "/var/lib/k26", "/etc/k26", "/run/k26-deploy", "/srv/k26/state",
+                                  "/home/alice/k26", "/opt/k26/current/venv", "/var/lib/k26/gpu-host-report.json"])
+def test_a_folder_of_the_projects_own_passes(path):
+    assert k26_inputs.k26_input_errors({"k26_state_dir": path}, SPEC) == []
+
+
+def test_the_playbook_templates_quote_or_cast_what_they_paste_into_command_lines():
+    """The verify role's and the sweep's script lines, and the nvcc probe's Python, take the host,
+    port, temperature and CUDA major only through `| quote`, `| int` or `| float`."""
+    health = (ROOT / "roles/verify/tasks/health.yml").read_text()
+    smoke = (ROOT / "roles/verify/tasks/smoke.yml").read_text()
+    sweep = (ROOT / "playbooks/tasks/sweep_one.yml").read_text()
+    nvcc = (ROOT / "roles/gpu_host/tasks/nvcc.yml").read_text()
+    for text in (health, smoke, sweep):
+        lines = [line for line in text.splitlines() if "k26_client.py" in line]
+        assert lines and not any(re.search(r"\{\{ *k26_(port|verify_host) *\}\}", line) for line in lines), lines
+    assert "{{ item | float }}" in sweep and "{{ item }}" not in sweep
+    assert "k26_cuda_major | int" in nvcc and not re.search(r"\{\{ *k26_cuda_major *\}\}\"", nvcc)
+    unit = (ROOT / "templates/etc/systemd/system/k26-ddtree.service.j2").read_text()
+    assert "DeviceAllow={{ device | k26_unit_value }}" in unit
+    assert k26_inputs.k26_unit_value("char-x rw\nExecStartPre=/bin/sh") == "char-x rw ExecStartPre=/bin/sh"

@@ -207,8 +207,15 @@ BAD_PREFLIGHT = [
 ]
 
 
+# the state folder is one the project would own: preflight refuses one under /tmp, where pytest's
+# tmp_path lives, so the tests' state folders are under the cache instead
+STATE_ROOT = Path.home() / ".cache/k26-ddtree/test-state"
+
+
 def preflight(tmp: Path, pair_dir: Path, overrides: dict) -> subprocess.CompletedProcess:
-    base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_state_dir": str(tmp / "state"),
+    state = STATE_ROOT / tmp.name / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_state_dir": str(state),
             "k26_model_path": str(pair_dir / "target"), "k26_draft_model_path": str(pair_dir / "draft"),
             "k26_dflash_block_size": 4, "k26_port": 39999, "k26_server_kind": "reference",
             "k26_api_key": "a-test-key-of-24-chars00"}

@@ -31,6 +31,9 @@ FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 ENV_VALUE = re.compile(r"[A-Za-z0-9._:/,=@+ -]*")
 API_KEY = re.compile(r"[A-Za-z0-9._~+/=-]+")
+URL = re.compile(r"https?://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})")
+DEVICE = re.compile(r"(char-[a-z0-9_-]+|block-[a-z0-9_-]+|/dev/[A-Za-z0-9._/-]+) [rwm]{1,3}")
+GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 MAX_ARGS = 64
 
@@ -75,13 +78,58 @@ def _bool(value, rule: Mapping) -> str | None:
     return "expected true or false"
 
 
+# Folders of the system: the FHS top levels and their standard direct children. A folder the
+# project owns (makes k26:k26, gives the unit ReadWritePaths, writes into) may be none of these
+# nor a parent of one: `k26_state_dir: /var/lib` would hand /var/lib/dpkg to the service user.
+SYSTEM_DIRS = frozenset({
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/lost+found",
+    "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
+    "/snap", "/nix",
+    "/etc/systemd", "/etc/ssh", "/etc/sudoers.d", "/etc/apt", "/etc/default", "/etc/security", "/etc/pam.d",
+    "/etc/ssl", "/etc/cron.d", "/etc/profile.d", "/etc/ld.so.conf.d", "/etc/modprobe.d", "/etc/sysctl.d",
+    "/etc/udev", "/etc/opt", "/etc/alternatives", "/etc/init.d", "/etc/logrotate.d", "/etc/network",
+    "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/include",
+    "/usr/local", "/usr/share", "/usr/src", "/usr/games",
+    "/usr/local/bin", "/usr/local/sbin", "/usr/local/lib", "/usr/local/share", "/usr/local/include",
+    "/usr/local/etc", "/usr/local/src",
+    "/var/lib", "/var/log", "/var/cache", "/var/spool", "/var/tmp", "/var/mail", "/var/opt", "/var/local",
+    "/var/run", "/var/lock", "/var/backups", "/var/www", "/var/crash",
+    "/run/systemd", "/run/user", "/run/lock", "/run/shm", "/dev/shm",
+    "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd", "/var/lib/private", "/var/cache/apt",
+})
+# World-writable or pseudo file systems: nothing of the project's may live under them (another
+# user can create the folder first; /proc and /sys are the kernel's).
+NO_OWNED_UNDER = ("/tmp", "/var/tmp", "/dev", "/proc", "/sys", "/run/user", "/run/shm")
+PATH_FIX = "expected an absolute path of letters, digits and ._/+@- (no spaces, quotes, $ or %, no ..)"
+
+
 def _path(value, rule: Mapping) -> str | None:
     text = str(value)
     if text == "" and rule.get("empty_ok"):
         return None
     if not PATH.fullmatch(text) or "/../" in text + "/" or len(text) > 4096:
-        return "expected an absolute path of letters, digits and ._/+@- (no spaces, quotes, $ or %, no ..)"
+        return PATH_FIX
+    return _owned_path(text) if rule.get("owned") else None
+
+
+def _owned_path(text: str) -> str | None:
+    """A folder (or file) the project creates and owns: normalised, not a system folder, not a
+    parent of one, not under a world-writable or pseudo file system, not someone's home."""
+    if text != "/" and (text.endswith("/") or "//" in text or "/./" in text + "/"):
+        return "expected a normalised path (no trailing /, no //, no /./)"
+    if text in SYSTEM_DIRS or any(d.startswith(text.rstrip("/") + "/") for d in SYSTEM_DIRS):
+        return ("is a system folder or a parent of one: the project would take it over (chown to the service user, "
+                "ReadWritePaths); name a folder of the project's own below it, e.g. " + _own_example(text))
+    if any(text == root or text.startswith(root + "/") for root in NO_OWNED_UNDER):
+        return "is under a world-writable or pseudo file system (/tmp, /var/tmp, /dev, /proc, /sys): use /var/lib/... or /opt/..."
+    if text.count("/") == 2 and text.startswith("/home/"):
+        return "is a user's home folder: name a folder of the project's own below it"
     return None
+
+
+def _own_example(text: str) -> str:
+    base = {"/": "/opt", "/var": "/var/lib", "/usr": "/opt", "/etc": "/etc"}.get(text, text)
+    return f"{base.rstrip('/')}/k26"
 
 
 def _host(value, rule: Mapping) -> str | None:
@@ -98,6 +146,8 @@ def _host(value, rule: Mapping) -> str | None:
 
 def _pattern(regex: re.Pattern, what: str) -> Callable:
     def check(value, rule: Mapping) -> str | None:
+        if value == "" and rule.get("empty_ok"):
+            return None
         return None if isinstance(value, str) and regex.fullmatch(value) else f"expected {what}"
     return check
 
@@ -112,7 +162,8 @@ def _choice(value, rule: Mapping) -> str | None:
 
 
 def _args(value, rule: Mapping) -> str | None:
-    """A list of '--flag', '--flag value' or '--flag=value' items (one word of value each)."""
+    """A list of '--flag', '--flag value' or '--flag=value' items (one word of value each), none of
+    them a flag the roles own (`refused`, `refused_prefixes`: the rule says which variable sets it)."""
     if not isinstance(value, list):
         return "expected a list of '--flag' or '--flag value' strings"
     if len(value) > MAX_ARGS:
@@ -126,6 +177,43 @@ def _args(value, rule: Mapping) -> str | None:
         if rest and not SAFE_WORD.fullmatch(rest):
             return (f"item {index} ({item!r}): the value after the flag must be one word of letters, digits and "
                     "._:/,=@+- (no spaces, quotes, $, % or ;)")
+        owner = _flag_owner(flag, rule)
+        if owner:
+            return f"item {index} ({item!r}): {flag} is set by the roles from {owner}, not through k26_extra_args"
+    return None
+
+
+def _flag_owner(flag: str, rule: Mapping) -> str | None:
+    refused = rule.get("refused") or {}
+    if flag in refused:
+        return refused[flag]
+    for prefix, owner in (rule.get("refused_prefixes") or {}).items():
+        if flag.startswith(prefix):
+            return owner
+    return None
+
+
+def _list(value, rule: Mapping) -> str | None:
+    """A list of 1..max_items items, each passing the rule `item`."""
+    if not isinstance(value, list) or not value:
+        return "expected a non-empty list"
+    if len(value) > rule.get("max_items", 64):
+        return f"expected at most {rule.get('max_items', 64)} items"
+    item_rule = rule["item"]
+    for index, item in enumerate(value):
+        why = CHECKS[item_rule["kind"]](item, item_rule)
+        if why:
+            return f"item {index} ({item!r}): {why}"
+    return None
+
+
+def _url(value, rule: Mapping) -> str | None:
+    """http(s)://HOST:PORT with an address or DNS name and a port, nothing after it."""
+    match = URL.fullmatch(str(value)) if isinstance(value, str) else None
+    if match is None and not (value == "" and rule.get("empty_ok")):
+        return "expected http://HOST:PORT or https://HOST:PORT (an address or DNS name, a port, no path)"
+    if match and (_host(match["host"].strip("[]"), rule) or _int(match["port"], {"min": 1, "max": 65535})):
+        return "expected http://HOST:PORT with a valid host and a port 1..65535"
     return None
 
 
@@ -150,7 +238,9 @@ def _api_key(value, rule: Mapping) -> str | None:
 
 CHECKS: dict[str, Callable] = {
     "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "choice": _choice, "args": _args, "env": _env,
-    "api_key": _api_key,
+    "api_key": _api_key, "list": _list, "url": _url,
+    "device": _pattern(DEVICE, "a DeviceAllow entry: char-NAME, block-NAME or /dev/PATH, then r, w and/or m"),
+    "git_ref": _pattern(GIT_REF, "a tag name of letters, digits and ._- (starting with a letter or digit)"),
     "model_name": _pattern(MODEL_NAME, "1-128 characters of letters, digits and ._:/- starting with a letter or digit"),
     "unix_name": _pattern(UNIX_NAME, "a user or group name (a-z, 0-9, _ and -, starting with a letter or _)"),
     "version": _pattern(VERSION, "a version such as 580.0"),
@@ -202,6 +292,13 @@ def k26_env_value(value) -> str:
     return text if text == "" or SAFE_WORD.fullmatch(text) else _quoted(text)
 
 
+def k26_unit_value(value) -> str:
+    """The value of a unit directive that takes its own syntax (DeviceAllow=): control characters
+    become spaces, so a value cannot end the line and add a directive."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", str(value))
+
+
 class FilterModule:
     def filters(self):
-        return {"k26_input_errors": k26_input_errors, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value}
+        return {"k26_input_errors": k26_input_errors, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
+                "k26_unit_value": k26_unit_value}

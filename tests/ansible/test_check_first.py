@@ -1,0 +1,108 @@
+"""Issue 29: every playbook checks every host's inputs first, before any lock or change, without
+connecting to the hosts; the lock's TTL covers a failed deploy's waits; snapshots redact by value too."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import BIN, ROOT, run
+
+PLAYBOOKS = ["playbooks/deploy.yml", "playbooks/snapshot.yml", "playbooks/rollback.yml", "playbooks/sweep.yml",
+             "playbooks/validate.yml"]
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS)
+def test_every_playbook_starts_with_the_input_check_play(playbook):
+    plays = yaml.safe_load((ROOT / playbook).read_text())
+    assert plays[0].get("ansible.builtin.import_playbook") == "check_inputs.yml", plays[0]
+    assert all("import_playbook" not in p and "ansible.builtin.import_playbook" not in p for p in plays[1:]), playbook
+
+
+def test_the_input_check_play_covers_every_host_and_stops_the_whole_run():
+    play = yaml.safe_load((ROOT / "playbooks/check_inputs.yml").read_text())[0]
+    assert set(play["hosts"].split(":")) == {"k26", "k26_gateway"}
+    assert play["any_errors_fatal"] is True and play["gather_facts"] is False
+
+
+def unreachable_fleet(tmp: Path) -> Path:
+    """Two server hosts and a gateway that nothing answers for (port 9 of loopback, discard): any
+    connection attempt would show as UNREACHABLE."""
+    inv = tmp / "inventory"
+    (inv / "group_vars/k26").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_host": "127.0.0.1", "ansible_port": 9, "ansible_connection": "ssh"},
+        "children": {"k26": {"hosts": {"gpu-a": {"k26_gateway_worker_url": "http://127.0.0.1:30000"},
+                                       "gpu-b": {"k26_gateway_worker_url": "http://127.0.0.1:30001",
+                                                 "k26_state_dir": "/var/lib"}}},
+                     "k26_gateway": {"hosts": {"gw": {"k26_gateway_admin_key": "an-admin-key-of-24-chars",
+                                                      "k26_gateway_port": 99999}}}}}}))
+    (inv / "group_vars/k26/main.yml").write_text(yaml.safe_dump({
+        "k26_model_path": "/srv/models/m", "k26_api_key": "a-test-key-of-24-chars00", "k26_gpu_required": False}))
+    return inv
+
+
+def test_bad_inputs_of_every_host_are_named_at_once_before_any_connection(tmp_path):
+    inv = unreachable_fleet(tmp_path)
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml",
+             "-e", json.dumps({"k26_extra_args": ["--api-key K"]})], tmp_path)
+    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    assert r.returncode != 0
+    assert "UNREACHABLE" not in out and "unreachable=0" in out          # no host was contacted
+    assert "k26_state_dir=/var/lib is invalid: is a system folder" in out            # gpu-b
+    assert "k26_gateway_port=99999 is invalid" in out                                # gw
+    assert out.count("--api-key is set by the roles from k26_api_key") >= 2           # gpu-a and gpu-b
+    assert all(f"{h} " in out for h in ("gpu-a", "gpu-b", "gw")) and "failed=1" in out
+
+
+def test_good_inputs_pass_the_check_without_contacting_a_host(tmp_path):
+    inv = unreachable_fleet(tmp_path)
+    (inv / "hosts.yml").write_text((inv / "hosts.yml").read_text().replace("k26_state_dir: /var/lib", "k26_state_dir: /var/lib/k26")
+                                   .replace("k26_gateway_port: 99999", "k26_gateway_port: 30080"))
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml"], tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "unreachable=0" in r.stdout and "failed=0" in r.stdout
+
+
+def evaluate(expression: str, tmp: Path, extra: dict, files: tuple[str, ...] = ()) -> str:
+    """An expression of the roles evaluated by Ansible itself on the controller (the filters of
+    roles/k26_defaults on the path), written to a file and read back."""
+    out = tmp / "evaluated.txt"
+    (tmp / "extra.json").write_text(json.dumps(extra))
+    args = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "ansible.builtin.copy",
+            "-a", json.dumps({"content": "{{ " + expression + " }}", "dest": str(out)}), "-e", f"@{tmp / 'extra.json'}",
+            "-e", f"ansible_python_interpreter={sys.executable}"]
+    for f in files:
+        args += ["-e", f"@{ROOT / f}"]
+    r = run(args, tmp)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out.read_text()
+
+
+def test_the_host_locks_ttl_outlasts_a_failed_deploys_waits(tmp_path):
+    """drain 660 + reboot 1800 (driver managed) + 2 health waits + ready 300 + margin 1800."""
+    extra = {"k26_health_timeout": 3600, "k26_gateway_drain_timeout": 660, "k26_gateway_ready_timeout": 300,
+             "k26_driver_reboot_timeout": 1800, "k26_lock_margin": 1800}
+    managed = int(evaluate("k26_lock_ttl | int", tmp_path, {**extra, "k26_manage_driver": True},
+                           ("roles/host_lock/defaults/main.yml",)))
+    plain = int(evaluate("k26_lock_ttl | int", tmp_path, {**extra, "k26_manage_driver": False},
+                         ("roles/host_lock/defaults/main.yml",)))
+    assert managed == 660 + 1800 + 2 * 3600 + 300 + 1800
+    assert plain == managed - 1800
+
+
+def test_a_snapshot_redacts_a_urls_password_and_secret_names_but_keeps_the_rest(tmp_path):
+    store = yaml.safe_load((ROOT / "roles/snapshot/tasks/store.yml").read_text())
+    task = next(t for t in store if "_redacted" in (t.get("vars") or {}))
+    expression = task["vars"]["_redacted"].strip()[2:-2]
+    env = ("K26_API_KEY=abc\nHTTPS_PROXY=http://ops:hunter2@proxy.example:3128\nHF_TOKEN=hf_x\n"
+           "DB_PASSWD=p\nNCCL_P2P_DISABLE=1\nNO_PROXY=localhost\n")
+    out = evaluate(expression, tmp_path, {"_env_text": env})
+    assert "hunter2" not in out and "HTTPS_PROXY=http://ops:<redacted>@proxy.example:3128" in out
+    assert "K26_API_KEY=<redacted>" in out and "HF_TOKEN=<redacted>" in out and "DB_PASSWD=<redacted>" in out
+    assert "NCCL_P2P_DISABLE=1" in out and "NO_PROXY=localhost" in out
