@@ -239,3 +239,30 @@ def test_a_rollback_takes_its_host_out_of_the_pool_and_puts_it_back(fleet, tmp_p
     assert "changed: [sandbox2 -> gateway" in play.out                          # it was in the pool, and left it
     assert traffic.failures == [] and traffic.ok > 10, (traffic.ok, traffic.failures[:5])
     assert budget("sandbox2") == before and ready(SERVERS["sandbox2"][1])
+
+
+def test_a_host_that_fails_its_checks_releases_the_fleet_lock_and_changes_nothing(fleet, tmp_path):
+    """A preflight failure on the host (a model folder without config.json passes the input rules and
+    fails on the host) ends the roll with the fleet lock released, before any change (issue 29)."""
+    before = {name: budget(name) for name in SERVERS}
+    pid = guest("systemctl show -p MainPID --value k26-ddtree").stdout.strip()
+    play = deploy("-e", "k26_ddtree_budget=30", "-e", "k26_model_path=/srv/models/none/target", fleet=True)
+    text = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0 and "sandbox failed" in text and "before any change" in text, text[-3000:]
+    assert "the fleet lock was released" in text and "Take the host out of the gateway's pool" not in play.out
+    assert fleet_lock_free() and {name: budget(name) for name in SERVERS} == before
+    assert guest("systemctl show -p MainPID --value k26-ddtree").stdout.strip() == pid
+
+
+def test_an_unreachable_host_stops_the_roll_before_any_change_and_frees_the_fleet_lock(fleet, tmp_path):
+    """sandbox2 pointed at a port nothing answers on: the gateway play names it, releases the fleet
+    lock, and no k26 host is touched (issue 29)."""
+    overlay = tmp_path / "unreachable.yml"
+    overlay.write_text("k26:\n  hosts:\n    sandbox2:\n      ansible_host: 127.0.0.1\n      ansible_port: 9\n")
+    before = {name: budget(name) for name in SERVERS}
+    play = deploy("-i", "inventory/sandbox", "-i", str(overlay), "-e", "k26_ddtree_budget=30", fleet=True)
+    text = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0 and "cannot reach sandbox2" in text, text[-3000:]
+    assert "Take the host deploy lock" not in play.out and "Check the host and the settings" not in play.out
+    assert fleet_lock_free() and {name: budget(name) for name in SERVERS} == before
+    assert all(ready(url) for _, url in SERVERS.values())

@@ -57,7 +57,8 @@ def test_sweep_fails_fast_while_the_lock_is_held(converged, tmp_path):
     original_is_running()
 
 
-def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
+def kill_a_sweep_in_its_first_configuration(tmp_path) -> None:
+    """Start a sweep and SIGKILL ansible-playbook once the first configuration's unit is written."""
     env = os.environ.copy()
     env.update(PATH=f"{BIN}:{env['PATH']}", ANSIBLE_HOME=str(tmp_path / "home"), ANSIBLE_NOCOLOR="1")
     log = (tmp_path / "killed.log").open("w")
@@ -72,7 +73,12 @@ def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
-    assert guest("test -e /var/lib/k26-rollback/sweep-in-progress", check=False).returncode == 0
+    mark = guest("cat /var/lib/k26-rollback/sweep-in-progress", check=False)
+    assert mark.returncode == 0 and mark.stdout.startswith("release: /opt/k26/releases/"), mark.stdout
+
+
+def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
+    kill_a_sweep_in_its_first_configuration(tmp_path)
     play = deploy("-e", '{"sweep_budgets": [16], "sweep_topk_caps": [4], "sweep_max_tokens": 8, "sweep_references": [], '
                   '"sweep_temperatures": [0.0]}', "-e",
                   f"sweep_results_root={tmp_path}", tmp=tmp_path / "b", playbook="playbooks/sweep.yml")
@@ -80,6 +86,22 @@ def test_an_interrupted_sweep_is_repaired_by_the_next_run(converged, tmp_path):
     assert play.rc == 0, text[-3000:]
     assert "Tell the dead run's holder to end" in text  # the killed run's lock was taken over
     assert "restoring the configuration an interrupted sweep left" in text
+    original_is_running()
+
+
+def test_a_deploy_after_an_interrupted_sweep_wins_over_what_the_sweep_saved(converged, tmp_path):
+    """The deploy after the dead sweep is the state to keep: it forgets the sweep's mark, and the next
+    sweep restores the deploy's configuration, not the one the dead sweep saved (issue 29)."""
+    kill_a_sweep_in_its_first_configuration(tmp_path)
+    play = deploy("-e", "k26_smoke_max_tokens=12", tmp=tmp_path / "d")
+    assert play.rc == 0, play.out[-3000:]
+    assert guest("test -e /var/lib/k26-rollback/sweep-in-progress", check=False).returncode != 0
+    play = deploy("-e", '{"sweep_budgets": [16], "sweep_topk_caps": [4], "sweep_max_tokens": 8, "sweep_references": [], '
+                  '"sweep_temperatures": [0.0]}', "-e",
+                  f"sweep_results_root={tmp_path}", tmp=tmp_path / "b", playbook="playbooks/sweep.yml")
+    text = re.sub(r"\s+", " ", play.out)
+    assert play.rc == 0, text[-3000:]
+    assert "an interrupted sweep left" not in text and "was deployed since" not in text
     original_is_running()
 
 
