@@ -256,10 +256,40 @@ class Pool:
 
         def ready() -> bool:
             w = self.find(url)
-            return w is not None and w.healthy and w.status == "ready"
+            return w is not None and w.healthy and w.status == "ready" and authorized(url, self.cfg.api_key)
 
-        self._wait(f"{url} becoming ready in the pool", ready, timeout)
+        try:
+            self._wait(f"{url} becoming ready in the pool", ready, timeout)
+        except TimeoutError:
+            if not authorized(url, self.cfg.api_key):
+                raise TimeoutError(f"{url} refuses the gateway's key (GET /v1/models answers {key_status(url, self.cfg.api_key)}): "
+                                   "the host's k26_api_key differs from the api_key in the gateway's file; deploy the "
+                                   "gateway with the host's key (playbooks: the key rotation in the README)") from None
+            raise
         return f"{url} in the pool"
+
+    def status(self) -> list[dict]:
+        """Every worker as smg reports it, plus whether it accepts the gateway's key ("authorized"):
+        smg's health check (/health) needs no key, so a host whose key differs is healthy and ready
+        to smg while every routed request gets 401."""
+        return [{**w.__dict__, "authorized": authorized(w.url, self.cfg.api_key)} for w in self.workers()]
+
+
+def key_status(url: str, api_key: str, timeout: float = 10) -> int | str:
+    """The HTTP status of GET /v1/models on the worker with the gateway's key (or the error's name)."""
+    req = urllib.request.Request(url.rstrip("/") + "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except (urllib.error.URLError, OSError) as err:
+        return type(err).__name__
+
+
+def authorized(url: str, api_key: str) -> bool:
+    """Whether the worker answers the gateway's key with 200 (not 401)."""
+    return key_status(url, api_key) == 200
 
 
 # --- a routed request --------------------------------------------------------------------------------
@@ -314,7 +344,7 @@ def main(argv=None) -> int:
             return 0 if result["answered"] == result["sent"] else 1
         pool = Pool(cfg)
         if args.action == "status":
-            print(json.dumps([w.__dict__ for w in pool.workers()], indent=1))
+            print(json.dumps(pool.status(), indent=1))
             return 0
         if not args.url:
             ap.error(f"pool {args.action} needs the worker URL")

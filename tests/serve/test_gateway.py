@@ -195,6 +195,31 @@ def test_take_out_drains_with_no_failed_request_and_put_back_restores(fleet):
     assert foreign.returncode == 2 and "is not one of this gateway's workers" in foreign.stderr
 
 
+def test_a_worker_that_refuses_the_gateways_key_is_not_called_ready(fleet, tmp_path):
+    """smg's health check needs no key, so a host whose key differs from the gateway's file is healthy
+    to smg while every routed request gets 401: the status says authorized false, and a put-back with
+    that key does not call it ready (issue 29)."""
+    wrong = tmp_path / "wrong-key.yaml"
+    wrong.write_text(json.dumps({**json.loads(fleet.config.read_text()), "api_key": "a-key-no-worker-has-000"}))
+
+    def pool(config: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([fleet.python, str(SCRIPT), "pool", "--config", str(config), *args],
+                              capture_output=True, text=True, timeout=180)
+
+    right = json.loads(pool(fleet.config, "status").stdout)
+    assert right and all(w["authorized"] for w in right)
+    refused = json.loads(pool(wrong, "status").stdout)
+    assert refused and not any(w["authorized"] for w in refused) and all(w["healthy"] for w in refused)
+    url = fleet.workers[0].url
+    assert pool(fleet.config, "take-out", url).returncode == 0
+    bad = pool(wrong, "put-back", url, "--timeout", "5")
+    assert bad.returncode == 2 and "refuses the gateway's key (GET /v1/models answers 401)" in bad.stderr, bad.stderr
+    assert pool(fleet.config, "take-out", url).returncode == 0          # the wrongly keyed registration out
+    good = pool(fleet.config, "put-back", url)
+    assert good.returncode == 0, good.stderr
+    assert all(fleet.complete().status_code == 200 for _ in range(4))
+
+
 def test_a_stopped_worker_leaves_rotation_within_the_health_checks(fleet):
     fleet.workers[1].stop()
     t0 = time.time()
