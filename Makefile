@@ -17,7 +17,7 @@ GATEWAY_VENV := $(CACHE)/venv-gateway-$(GATEWAY_HASH)
 SANDBOX_MODEL := $(CACHE)/models/tiny-seed0
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
+.PHONY: crash-test help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
@@ -101,6 +101,11 @@ sandbox-down:
 
 deploy: venv sandbox
 	$(ANSIBLE_ENV) $(VENV)/bin/ansible-playbook deploy.yml
+
+# every task boundary of deploy.yml: kill, re-run, check the host (tests/infra/crash); hours on 2 cores.
+# POINTS=all|N,M,...  PLAYBOOK=deploy.yml|playbooks/sweep.yml|...
+crash-test: venv sandbox
+	$(ANSIBLE_ENV) $(PY) -m tests.infra.crash $(or $(PLAYBOOK),deploy.yml) --points $(or $(POINTS),all)
 
 lint: venv
 	$(ANSIBLE_ENV) $(VENV)/bin/ansible-lint
