@@ -1,7 +1,6 @@
 """A fixed sample of the crash harness (tests/infra/crash) in `make test`; `make crash-test` runs
-every task boundary of deploy.yml. Each point changes the DDTree budget, so the killed run had
-something to do: the unit rendered and not yet restarted, or health and smoke passed and `current`
-not yet moved."""
+every task boundary of deploy.yml. The point changes the DDTree budget, so the killed run had
+something to lose: the unit rendered and not yet restarted."""
 
 from __future__ import annotations
 
