@@ -36,7 +36,7 @@ VERIFY_SMOKE = ("verify: smoke", "roles/verify/tasks/smoke.yml",
 VALIDATE = ("validate", "playbooks/tasks/validate_one.yml", "Run the prompt set at temperature 0")
 SWEEP = ("sweep", "playbooks/tasks/sweep_one.yml", "Run the prompt set")
 GATEWAY_STATUS = ("gateway: pool status", "roles/gateway/tasks/verify.yml",
-                  "Wait until every k26 host is healthy and ready in the gateway's pool")
+                  "Wait until every k26 host is healthy, ready and takes the gateway's key in its pool")
 GATEWAY_PROBE = ("gateway: probe", "roles/gateway/tasks/verify.yml",
                  "Send completions through the gateway (the clients' key is read from its file on the host)")
 GATEWAY_TAKE_OUT = ("gateway: take-out", "roles/gateway/tasks/take_out.yml",
