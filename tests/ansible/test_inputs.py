@@ -95,6 +95,8 @@ MALFORMED = [
     ("k26_gateway_user", "Root", "expected a user or group name"),
     ("sweep_temperatures", ["0.7; rm -rf /"], "expected a number 0..2"),
     ("sweep_budgets", [8, "16 --x"], "expected an integer 1..1023"),
+    ("sweep_budgets", [], "expected a non-empty list"),
+    ("sweep_references", "NONE", "expected a list"),
     ("validate_near_tie_margin", "wide", "expected a number 0..1"),
     ("snapshot_tag", "tag with spaces", "a tag name"),
     ("snapshot_force", "perhaps", "expected true or false"),
@@ -179,3 +181,8 @@ def test_the_playbook_templates_quote_or_cast_what_they_paste_into_command_lines
     unit = (ROOT / "templates/etc/systemd/system/k26-ddtree.service.j2").read_text()
     assert "DeviceAllow={{ device | k26_unit_value }}" in unit
     assert k26_inputs.k26_unit_value("char-x rw\nExecStartPre=/bin/sh") == "char-x rw ExecStartPre=/bin/sh"
+
+
+def test_a_sweep_without_references_and_a_short_health_wait_pass():
+    """-e sweep_references=[] (DDTREE only) and k26_health_timeout=5 (the sandbox tests) are valid."""
+    assert k26_inputs.k26_input_errors({"sweep_references": [], "k26_health_timeout": 5}, SPEC) == []

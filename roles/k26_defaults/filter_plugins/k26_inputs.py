@@ -194,9 +194,9 @@ def _flag_owner(flag: str, rule: Mapping) -> str | None:
 
 
 def _list(value, rule: Mapping) -> str | None:
-    """A list of 1..max_items items, each passing the rule `item`."""
-    if not isinstance(value, list) or not value:
-        return "expected a non-empty list"
+    """A list of 1..max_items items (0.. with empty_ok), each passing the rule `item`."""
+    if not isinstance(value, list) or (not value and not rule.get("empty_ok")):
+        return "expected a list" if rule.get("empty_ok") else "expected a non-empty list"
     if len(value) > rule.get("max_items", 64):
         return f"expected at most {rule.get('max_items', 64)} items"
     item_rule = rule["item"]
