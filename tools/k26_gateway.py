@@ -19,9 +19,21 @@ The file (YAML, 0640 root:<gateway group>):
     host: 127.0.0.1            port: 30080
     workers: [http://10.0.0.1:30000, ...]
     policy: round_robin         (one of smg's policies)
-    api_key: ...                what clients send; the router sends it on to the workers (the
-                                workers' own key, so both sides use one secret)
+    client_keys: [K1, K2]       the keys smg accepts from clients (the first as smg's api_key, the
+                                others as smg tenant keys); smg reads them only at its start
+    api_key_file: /etc/k26-gateway/worker.key
+                                the fleet's key (the workers' current k26_api_key; must be one of
+                                client_keys), in a file of its own so that a key rotation rewrites it
+                                without restarting smg (or `api_key: ...` inline); the tool registers
+                                each worker with it (smg's own calls to the worker: model discovery)
+                                and sends it in the probe and the pool's key check
     admin_key: ...              guards the worker API (smg control plane, role admin)
+Keys, as smg 1.13.0 handles them (measured on loopback with two ddtree-serve workers): a client's
+Authorization header is passed on to the worker unchanged; a client without one gets the worker's
+registered key injected - so smg must check clients itself (client_keys), and the workers check
+again. A request gets through when smg accepts its key AND the worker does: a rotation moves the
+workers (k26_api_key, k26_api_key_previous) host by host and keeps client_keys as they are when
+they already list the next key (README: key rotation).
     health: {interval_secs: 10, failure_threshold: 3, success_threshold: 2, timeout_secs: 5,
              endpoint: /health}
     request_timeout_secs: 1800
@@ -34,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -73,10 +86,16 @@ class GatewayConfig:
     workers: tuple[str, ...]
     api_key: str = field(repr=False)
     admin_key: str = field(repr=False)
+    client_keys: tuple[str, ...] = field(default=(), repr=False)   # () -> (api_key,)
     policy: str = "round_robin"
     health: Health = Health()
     request_timeout_secs: int = 1800
     metrics_port: int = 29000
+
+    @property
+    def accepted(self) -> tuple[str, ...]:
+        """The keys smg accepts from clients."""
+        return self.client_keys or (self.api_key,)
 
     @property
     def url(self) -> str:
@@ -85,7 +104,7 @@ class GatewayConfig:
 
 
 def _fail(name: str, value, why: str) -> GatewayConfigError:
-    shown = "<hidden>" if name.endswith("key") else repr(value)
+    shown = "<hidden>" if name.endswith(("key", "keys")) else repr(value)
     return GatewayConfigError(f"{name}={shown} is invalid: {why}")
 
 
@@ -104,6 +123,21 @@ def _key(raw: dict, name: str) -> str:
     return value
 
 
+def _client_keys(raw: dict, api_key: str) -> tuple[str, ...]:
+    """client_keys: 1..4 distinct keys holding the fleet's key (default: the fleet's key alone)."""
+    keys = raw.get("client_keys", [api_key])
+    if not isinstance(keys, list) or not 1 <= len(keys) <= 4:
+        raise _fail("client_keys", keys, "expected a list of 1 to 4 keys")
+    checked = tuple(_key({"client_keys": k}, "client_keys") for k in keys)
+    if len(set(checked)) != len(checked):
+        raise _fail("client_keys", keys, "a key is listed twice")
+    if api_key not in checked:
+        raise _fail("client_keys", keys, "must hold the fleet's key (api_key): clients could not use it through the "
+                                         "gateway; add it (k26_gateway_api_keys) or, for a rotation, list the next key "
+                                         "there one deploy ahead")
+    return checked
+
+
 def _worker(url) -> str:
     parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
@@ -115,7 +149,7 @@ def parse_config(raw: dict) -> GatewayConfig:
     """The YAML mapping -> GatewayConfig; raises GatewayConfigError naming the first bad setting."""
     if not isinstance(raw, dict):
         raise _fail("config", type(raw).__name__, "expected a mapping of settings")
-    unknown = sorted(set(raw) - {"host", "port", "workers", "api_key", "admin_key", "policy", "health",
+    unknown = sorted(set(raw) - {"host", "port", "workers", "api_key", "admin_key", "client_keys", "policy", "health",
                                  "request_timeout_secs", "metrics_port"})
     if unknown:
         raise _fail(unknown[0], raw[unknown[0]], "not a gateway setting (a typo?)")
@@ -142,10 +176,11 @@ def parse_config(raw: dict) -> GatewayConfig:
                     success_threshold=_int(health_raw, "success_threshold", 2, 1, 100),
                     timeout_secs=_int(health_raw, "timeout_secs", 5, 1, 600), endpoint=endpoint)
     api_key, admin_key = _key(raw, "api_key"), _key(raw, "admin_key")
-    if api_key == admin_key:
-        raise _fail("admin_key", admin_key, "must differ from api_key (clients must not drive the worker API)")
+    client_keys = _client_keys(raw, api_key)
+    if admin_key in client_keys:
+        raise _fail("admin_key", admin_key, "must differ from the clients' keys (clients must not drive the worker API)")
     return GatewayConfig(host=host, port=_int(raw, "port", 30080, 1, 65535), workers=urls, api_key=api_key,
-                         admin_key=admin_key, policy=policy, health=health,
+                         admin_key=admin_key, client_keys=client_keys, policy=policy, health=health,
                          request_timeout_secs=_int(raw, "request_timeout_secs", 1800, 1, 86400),
                          metrics_port=_int(raw, "metrics_port", 29000, 1, 65535))
 
@@ -158,17 +193,39 @@ def load_config(path: str) -> GatewayConfig:
             raw = yaml.safe_load(f)
     except OSError as err:
         raise GatewayConfigError(f"--config={path!r} cannot be read: {err.strerror}") from None
-    return parse_config(raw)
+    return parse_config(with_key_file(raw))
+
+
+def with_key_file(raw):
+    """`api_key_file: PATH` -> `api_key: <the file's first line>` (exactly one of the two)."""
+    if not isinstance(raw, dict) or "api_key_file" not in raw:
+        return raw
+    path = raw["api_key_file"]
+    if "api_key" in raw:
+        raise _fail("api_key_file", path, "set api_key or api_key_file, not both")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise _fail("api_key_file", path, "expected the absolute path of the file holding the fleet's key")
+    try:
+        with open(path) as f:
+            key = f.readline().strip()
+    except OSError as err:
+        raise _fail("api_key_file", path, f"cannot be read ({err.strerror}): the gateway role writes it 0640 "
+                                          "root:<gateway group>") from None
+    return {**{k: v for k, v in raw.items() if k != "api_key_file"}, "api_key": key}
 
 
 # --- serve ---------------------------------------------------------------------------------------
 
 def router_args(cfg: GatewayConfig):
-    """smg's RouterArgs for this configuration (keys passed in-process)."""
+    """smg's RouterArgs for this configuration (keys passed in-process): the clients' keys as smg's
+    api_key and tenant keys, the admin key for its worker API. No worker URLs: smg's own start-up
+    registration would call each worker with its api_key, the first client key, which a finished
+    rotation has retired on the workers; register_workers adds them with the fleet's key."""
     from smg.router_args import RouterArgs
 
-    return RouterArgs(worker_urls=list(cfg.workers), host=cfg.host, port=cfg.port, policy=cfg.policy,
-                      api_key=cfg.api_key,
+    first, *others = cfg.accepted
+    return RouterArgs(worker_urls=[], host=cfg.host, port=cfg.port, policy=cfg.policy, api_key=first,
+                      tenant_api_keys=[(f"k26-key-{i}", key) for i, key in enumerate(others, start=2)],
                       control_plane_api_keys=[("k26-ops", "k26 operators", cfg.admin_key, "admin")],
                       health_check_interval_secs=cfg.health.interval_secs,
                       health_failure_threshold=cfg.health.failure_threshold,
@@ -184,7 +241,26 @@ def router_args(cfg: GatewayConfig):
 def serve(cfg: GatewayConfig) -> None:
     from smg.launch_router import launch_router
 
+    threading.Thread(target=register_workers, args=(Pool(cfg),), name="k26-register", daemon=True).start()
     launch_router(router_args(cfg))
+
+
+def register_workers(pool: Pool, retry_secs: float = 30, settle_secs: float = 2) -> None:
+    """Add every worker of the file once, with the fleet's key, as smg's own start-up registration
+    would: a worker that is down is asked again every `retry_secs` until it has joined once; after
+    that take-out and put-back own it."""
+    pool.wait_until_up()
+    pending = list(pool.cfg.workers)
+    while pending:
+        for url in pending:
+            try:
+                pool.add(url)
+            except (GatewayHTTPError, OSError) as err:   # smg refused it or is restarting: the next round
+                print(f"k26_gateway: registering {url}: {err}", file=sys.stderr, flush=True)
+        pool.sleep(settle_secs)
+        pending = [url for url in pending if pool.find(url) is None]
+        if pending:
+            pool.sleep(retry_secs - settle_secs)
 
 
 # --- the worker pool -----------------------------------------------------------------------------
@@ -228,6 +304,25 @@ class Pool:
                 raise TimeoutError(f"{what} did not happen within {timeout:g} s")
             self.sleep(0.5)
 
+    def wait_until_up(self, timeout: float = 300) -> None:
+        """Until smg answers its worker API (it has bound its port)."""
+        def up() -> bool:
+            try:
+                self.workers()
+                return True
+            except (GatewayHTTPError, OSError):
+                return False
+        self._wait("the gateway answering its worker API", up, timeout)
+
+    def add(self, url: str) -> None:
+        """POST /workers with the fleet's key (smg's own calls to the worker use it). smg adds the
+        worker in the background; a 409 says it is still adding it, which is the same."""
+        try:
+            self._call("POST", "/workers", {"url": url.rstrip("/"), "api_key": self.cfg.api_key})
+        except GatewayHTTPError as err:
+            if err.status != 409 or "WORKER_CREATE_IN_PROGRESS" not in err.body:
+                raise
+
     def take_out(self, url: str, timeout: float) -> str:
         """Drain and drop `url`: it gets no new request, its in-flight ones finish. Idempotent."""
         worker = self.find(url)
@@ -246,13 +341,7 @@ class Pool:
             self._wait(f"the end of {url}'s draining", lambda: self.find(url) is None, timeout)
             worker = None
         if worker is None:
-            try:
-                self._call("POST", "/workers", {"url": url.rstrip("/"), "api_key": self.cfg.api_key})
-            except GatewayHTTPError as err:
-                # smg is still adding it (its start-up registration retries until the worker is
-                # healthy): waiting for it is the same as adding it
-                if err.status != 409 or "WORKER_CREATE_IN_PROGRESS" not in err.body:
-                    raise
+            self.add(url)
 
         def ready() -> bool:
             w = self.find(url)

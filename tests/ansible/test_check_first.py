@@ -69,6 +69,33 @@ def test_good_inputs_pass_the_check_without_contacting_a_host(tmp_path):
     assert "unreachable=0" in r.stdout and "failed=0" in r.stdout
 
 
+@pytest.mark.parametrize("change,message", [
+    # smg passes each client's key on unchanged: one key for every host behind the gateway
+    ({"gpu-b": {"k26_api_key": "another-key-of-24-chars0"}},
+     "the k26 hosts behind this gateway have 2 different k26_api_key values"),
+    # the gateway must accept the fleet's key (a rotation lists the next key there ahead)
+    ({"gw": {"k26_gateway_api_keys": ["only-the-next-key-0123456"]}}, "k26_gateway_api_keys does not hold the fleet's key"),
+    ({"gpu-a": {"k26_api_key_previous": "a-test-key-of-24-chars00"}}, "k26_api_key_previous equals k26_api_key"),
+    ({"gpu-a": {"k26_api_key_previous": "too-short"}}, "k26_api_key_previous is 9 characters long"),
+])
+def test_the_fleets_keys_are_checked_before_any_connection(tmp_path, change, message):
+    inv = unreachable_fleet(tmp_path)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    groups = hosts["all"]["children"]
+    groups["k26"]["hosts"]["gpu-b"].pop("k26_state_dir")
+    groups["k26_gateway"]["hosts"]["gw"]["k26_gateway_port"] = 30080
+    for host, settings in change.items():
+        group = "k26_gateway" if host == "gw" else "k26"
+        groups[group]["hosts"][host].update(settings)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml"], tmp_path)
+    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    assert r.returncode != 0 and message in out, out[-3000:]
+    assert "unreachable=0" in out
+    for value in (v for settings in change.values() for v in settings.values()):
+        assert str(value).strip("[]'") not in out                           # no key is printed
+
+
 def evaluate(expression: str, tmp: Path, extra: dict, files: tuple[str, ...] = ()) -> str:
     """An expression of the roles evaluated by Ansible itself on the controller (the filters of
     roles/k26_defaults on the path), written to a file and read back."""

@@ -1,19 +1,22 @@
 """A fixed sample of the crash harness (tests/infra/crash) in `make test`; `make crash-test` runs
-every task boundary of deploy.yml. The point changes the DDTree budget, so the killed run had
-something to lose: the unit rendered and not yet restarted."""
+every task boundary of every playbook, killed and with its SSH connection dropped. Each sample point
+changes the DDTree budget, so the interrupted run had something to lose."""
 
 from __future__ import annotations
 
 import pytest
 
 from .conftest import deploy
-from .crash.harness import crash_and_rerun
+from .crash.harness import interrupt_and_rerun
+from .crash.scenarios import deploy_to
 
 SAMPLE = [
     # the unit and env written, the restart handler not yet run: the re-run renders nothing new and
-    # must still restart (the lost-restart case); the other point, health and smoke passed and
-    # `current` not yet moved, runs with `make crash-test POINTS=...`
-    ("Verify the unit with systemd-analyze", 12),
+    # must still restart (the lost-restart case)
+    ("kill", "Verify the unit with systemd-analyze", 12),
+    # the connection dies while the host answers the smoke requests of the new unit: no rescue, no always, the
+    # host lock left held by a run that is gone
+    ("ssh-drop", "Send smoke chat completions", 8),
 ]
 
 
@@ -25,8 +28,9 @@ def inventory_settings_after(converged):
     assert play.rc == 0, play.out[-3000:]
 
 
-@pytest.mark.parametrize("at_name,budget", SAMPLE, ids=["after-render"])
-def test_a_deploy_killed_at_a_task_boundary_is_made_whole_by_the_next_run(inventory_settings_after, at_name, budget):
-    point = crash_and_rerun("deploy.yml", ["-e", f"k26_ddtree_budget={budget}"], at_name=at_name)
-    assert point.killed, f"the run was not killed at {at_name!r}"
+@pytest.mark.parametrize("mode,at_name,budget", SAMPLE, ids=["killed-after-render", "ssh-dropped-in-smoke"])
+def test_a_deploy_interrupted_at_a_task_boundary_is_made_whole_by_the_next_run(inventory_settings_after, mode,
+                                                                                at_name, budget):
+    point = interrupt_and_rerun(deploy_to(budget), mode=mode, at_name=at_name)
+    assert point.interrupted, f"the run was not interrupted at {at_name!r} ({mode})"
     assert point.ok, point.detail

@@ -20,6 +20,7 @@ from .conftest import deploy, guest
 
 GATEWAY = "http://127.0.0.1:30080"
 API_KEY = "sandbox-demo-key"
+NEXT_KEY = "sandbox-next-demo-key"        # listed ahead in the sandbox gateway's k26_gateway_api_keys
 ADMIN_KEY = "sandbox-gateway-admin-key"
 SERVERS = {"sandbox": ("k26-sandbox", "http://127.0.0.1:30000"), "sandbox2": ("k26-sandbox-2", "http://127.0.0.1:30001")}
 HEALTH_INTERVAL, FAILURES = 1, 2          # inventory/sandbox/group_vars/k26_gateway/gateway.yml
@@ -28,8 +29,9 @@ TOOL = "/opt/k26-gateway/venv/bin/python /opt/k26-gateway/bin/k26_gateway.py"
 
 @dataclass
 class Traffic:
-    """`clients` threads sending short completions through the gateway until stopped."""
+    """`clients` threads sending short completions through the gateway with `key` until stopped."""
     clients: int = 4
+    key: str = API_KEY
     ok: int = 0
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -40,7 +42,7 @@ class Traffic:
         with httpx.Client(timeout=60) as client:
             while not self._stop.is_set():
                 try:
-                    r = client.post(GATEWAY + "/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                    r = client.post(GATEWAY + "/v1/completions", headers={"Authorization": f"Bearer {self.key}"},
                                     json={"model": "k26-sandbox-tiny", "prompt": "roll", "max_tokens": 4})
                     good = r.status_code == 200 and isinstance(r.json()["choices"][0]["text"], str)
                     outcome = None if good else f"{r.status_code}: {r.text[:200]}"
@@ -88,6 +90,16 @@ def wait_until(ok, timeout: float, what: str) -> float:
             raise AssertionError(f"{what}: not within {timeout} s (pool: {pool()})")
         time.sleep(0.2)
     return time.monotonic() - t0
+
+
+def gateway_pid() -> str:
+    return guest("systemctl show -p MainPID --value k26-gateway", host="k26-gateway").stdout.strip()
+
+
+def through_gateway(key: str) -> int:
+    r = httpx.post(GATEWAY + "/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                   json={"model": "k26-sandbox-tiny", "prompt": "key", "max_tokens": 2})
+    return r.status_code
 
 
 def fleet_lock_free() -> bool:
@@ -267,3 +279,28 @@ def test_an_unreachable_host_stops_the_roll_before_any_change_and_frees_the_flee
     assert "Take the host deploy lock" not in play.out and "Check the host and the settings" not in play.out
     assert fleet_lock_free() and {name: budget(name) for name in SERVERS} == before
     assert all(ready(url) for _, url in SERVERS.values())
+
+
+def test_a_key_rotation_behind_the_gateway_fails_no_request_and_restarts_no_gateway(fleet):
+    """The README's rotation, the gateway listing the next key ahead: (1) every host takes the new
+    key and still the old one, host by host, while clients send the old key; (2) clients move to the
+    new key; (3) the old key is retired host by host. No request fails, the gateway keeps its
+    process, and afterwards the old key is refused through the gateway."""
+    pid = gateway_pid()
+    try:
+        with Traffic(key=API_KEY) as old_clients:
+            both = deploy("-e", f"k26_api_key={NEXT_KEY}", "-e", f"k26_api_key_previous={API_KEY}", fleet=True)
+        assert both.rc == 0, both.out[-5000:]
+        assert old_clients.failures == [] and old_clients.ok > 20, (old_clients.ok, old_clients.failures[:5])
+        assert through_gateway(NEXT_KEY) == 200 and through_gateway(API_KEY) == 200
+        with Traffic(key=NEXT_KEY) as new_clients:
+            retired = deploy("-e", f"k26_api_key={NEXT_KEY}", fleet=True)
+        assert retired.rc == 0, retired.out[-5000:]
+        assert new_clients.failures == [] and new_clients.ok > 20, (new_clients.ok, new_clients.failures[:5])
+        assert through_gateway(NEXT_KEY) == 200 and through_gateway(API_KEY) == 401
+        assert gateway_pid() == pid, "the gateway was restarted by the rotation"
+        assert NEXT_KEY not in both.out + retired.out and API_KEY not in both.out + retired.out
+        assert all(ready(url) for _, url in SERVERS.values()) and fleet_lock_free()
+    finally:
+        back = deploy(fleet=True)                   # the inventory's key again, for the tests after this one
+        assert back.rc == 0, back.out[-5000:]

@@ -24,6 +24,7 @@ from .conftest import API_KEY, free_port, start_server
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools/k26_gateway.py"
 ADMIN_KEY = "admin-key-not-secret-either"
+NEXT_KEY = "next-key-listed-ahead-of-a-rotation"   # the gateway accepts it, no worker takes it yet
 
 
 def gateway_module():
@@ -44,7 +45,11 @@ GOOD = {"workers": ["http://127.0.0.1:30001", "http://127.0.0.1:30002"], "api_ke
     ({"port": 0}, "port=0 is invalid: expected an integer in 1..65535"),
     ({"policy": "fastest"}, "policy='fastest' is invalid: expected one of random, round_robin"),
     ({"api_key": "short"}, "api_key=<hidden> is invalid: expected a secret of at least 16"),
-    ({"admin_key": API_KEY}, "admin_key=<hidden> is invalid: must differ from api_key"),
+    ({"admin_key": API_KEY}, "admin_key=<hidden> is invalid: must differ from the clients' keys"),
+    ({"client_keys": [API_KEY, "short"]}, "client_keys=<hidden> is invalid: expected a secret of at least 16"),
+    ({"client_keys": [API_KEY, API_KEY]}, "client_keys=<hidden> is invalid: a key is listed twice"),
+    ({"client_keys": ["another-key-of-16-chars"]}, "client_keys=<hidden> is invalid: must hold the fleet's key"),
+    ({"client_keys": [API_KEY, ADMIN_KEY]}, "admin_key=<hidden> is invalid: must differ from the clients' keys"),
     ({"wrokers": []}, "wrokers=[] is invalid: not a gateway setting"),
     ({"health": {"interval_secs": 0}}, "interval_secs=0 is invalid: expected an integer in 1..3600"),
     ({"health": {"endpoint": "health"}}, "health.endpoint='health' is invalid: expected a path"),
@@ -55,6 +60,21 @@ def test_a_bad_gateway_setting_is_named_without_showing_a_key(change, message):
         gw.parse_config({**GOOD, **change})
     assert message in str(err.value)
     assert API_KEY not in str(err.value) and "short" not in str(err.value)
+
+
+def test_the_key_file_gives_the_key_and_a_bad_one_is_named_without_showing_it(tmp_path):
+    gw = gateway_module()
+    key_file = tmp_path / "worker.key"
+    key_file.write_text(API_KEY + "\n")
+    raw = {k: v for k, v in GOOD.items() if k != "api_key"}
+    assert gw.parse_config(gw.with_key_file({**raw, "api_key_file": str(key_file)})).api_key == API_KEY
+    for change, message in (({"api_key_file": str(key_file),
+            "client_keys": [API_KEY, NEXT_KEY], "api_key": API_KEY}, "set api_key or api_key_file, not both"),
+                            ({"api_key_file": "worker.key"}, "expected the absolute path"),
+                            ({"api_key_file": str(tmp_path / "none")}, "cannot be read (No such file or directory)")):
+        with pytest.raises(gw.GatewayConfigError) as err:
+            gw.with_key_file({**raw, **change})
+        assert message in str(err.value) and API_KEY not in str(err.value)
 
 
 def test_a_good_file_parses_with_defaults():
@@ -77,8 +97,11 @@ class Fleet:
         self.workers = [start_server(tmp, pair_dir) for _ in range(2)]
         self.port = free_port()
         self.config = tmp / "gateway.yaml"
+        key_file = tmp / "worker.key"               # as the gateway role writes it: the key alone, in its own file
+        key_file.write_text(API_KEY + "\n")
         self.config.write_text(json.dumps({
-            "host": "127.0.0.1", "port": self.port, "workers": [w.url for w in self.workers], "api_key": API_KEY,
+            "host": "127.0.0.1", "port": self.port, "workers": [w.url for w in self.workers], "api_key_file": str(key_file),
+            "client_keys": [API_KEY, NEXT_KEY],
             "admin_key": ADMIN_KEY, "policy": "round_robin", "metrics_port": free_port(),
             "health": {"interval_secs": HEALTH_INTERVAL, "failure_threshold": FAILURES, "success_threshold": 1,
                        "timeout_secs": 2}}))
@@ -121,6 +144,16 @@ class Fleet:
             w.stop()
 
 
+def keyed(config: Path, key: str) -> dict:
+    """The fleet's gateway file with another fleet key inline (the only client key of that file)."""
+    raw = {k: v for k, v in json.loads(config.read_text()).items() if k != "api_key_file"}
+    return {**raw, "api_key": key, "client_keys": [key]}
+
+
+def refused(worker) -> int:
+    return worker.log.read_text().count('"POST /v1/completions HTTP/1.1" 401')
+
+
 def served(worker) -> int:
     return worker.log.read_text().count('"POST /v1/completions')
 
@@ -133,8 +166,14 @@ def fleet(tmp_path_factory, pair_dir):
 
 
 def test_the_gateway_routes_with_the_key_and_keeps_keys_off_its_command_line(fleet):
+    # smg refuses a key it does not list (and no key: it would send the worker's own); a key it lists
+    # is passed on unchanged and the worker decides: a request gets through when both take its key
+    before = sum(refused(w) for w in fleet.workers)
     assert fleet.complete(key=None).status_code == 401
     assert fleet.complete(key="wrong-key-of-some-length").status_code == 401
+    assert sum(refused(w) for w in fleet.workers) == before
+    assert fleet.complete(key=NEXT_KEY).status_code == 401
+    assert sum(refused(w) for w in fleet.workers) == before + 1
     before = [served(w) for w in fleet.workers]
     answers = [fleet.complete() for _ in range(4)]
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
@@ -142,7 +181,7 @@ def test_the_gateway_routes_with_the_key_and_keeps_keys_off_its_command_line(fle
     assert all(served(w) > b for w, b in zip(fleet.workers, before))        # round robin reached both
     cmdline = Path(f"/proc/{fleet.proc.pid}/cmdline").read_bytes().decode()
     environ = Path(f"/proc/{fleet.proc.pid}/environ").read_bytes().decode(errors="replace")
-    for key in (API_KEY, ADMIN_KEY):
+    for key in (API_KEY, ADMIN_KEY, NEXT_KEY):
         assert key not in cmdline and key not in environ
     assert httpx.get(fleet.url + "/workers", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 401
 
@@ -153,8 +192,8 @@ def test_probe_sends_completions_with_the_files_key_and_fails_when_one_is_refuse
                          "--requests", "3"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and json.loads(ok.stdout) == {"sent": 3, "answered": 3, "errors": []}, ok.stdout
     assert API_KEY not in ok.stdout + ok.stderr
-    wrong = tmp_path / "wrong-key.yaml"                       # the gateway refuses a key it does not hold
-    wrong.write_text(json.dumps({**json.loads(fleet.config.read_text()), "api_key": "not-the-gateways-key"}))
+    wrong = tmp_path / "wrong-key.yaml"                       # the workers refuse a key they do not hold
+    wrong.write_text(json.dumps(keyed(fleet.config, "not-the-fleets-key-0000")))
     bad = subprocess.run([fleet.python, str(SCRIPT), "probe", "--config", str(wrong), "--model", model,
                           "--requests", "2"], capture_output=True, text=True, timeout=120)
     result = json.loads(bad.stdout)
@@ -200,7 +239,7 @@ def test_a_worker_that_refuses_the_gateways_key_is_not_called_ready(fleet, tmp_p
     to smg while every routed request gets 401: the status says authorized false, and a put-back with
     that key does not call it ready (issue 29)."""
     wrong = tmp_path / "wrong-key.yaml"
-    wrong.write_text(json.dumps({**json.loads(fleet.config.read_text()), "api_key": "a-key-no-worker-has-000"}))
+    wrong.write_text(json.dumps(keyed(fleet.config, "a-key-no-worker-has-000")))
 
     def pool(config: Path, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([fleet.python, str(SCRIPT), "pool", "--config", str(config), *args],

@@ -160,6 +160,26 @@ def test_api_key_is_required(server):
             assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 401
 
 
+def test_during_a_rotation_the_new_and_the_previous_key_are_accepted_and_no_other(pair_dir, tmp_path):
+    """A key rotation behind a gateway: the server takes the new key and the one being retired (from
+    --config, as the deployment writes it; never shown by /server_info); any other key, or none, gets 401."""
+    config = tmp_path / "server.yaml"
+    config.write_text(json.dumps({"previous-api-key": API_KEY}))
+    server = start_server(tmp_path, pair_dir, "--config", str(config), "--api-key", "new-key-of-the-rotation",
+                          "--speculative-algorithm", "NONE")
+    try:
+        for key, status in (("new-key-of-the-rotation", 200), (API_KEY, 200), ("other-key-of-some-length", 401),
+                            (None, 401)):
+            with server.client(key=key) as c:
+                assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == status, key
+        with server.client(key=API_KEY) as c:
+            info = c.get("/server_info").json()
+        assert (info["api_key"], info["previous_api_key"]) == ("<set>", "<set>")
+        assert API_KEY not in json.dumps(info) and "new-key-of-the-rotation" not in json.dumps(info)
+    finally:
+        server.stop()
+
+
 def test_health_is_liveness_without_a_decode_step(server):
     def verify_calls(c) -> float:
         line = next(x for x in c.get("/metrics").text.splitlines() if x.startswith("sglang:spec_verify_calls_total{"))
@@ -251,6 +271,10 @@ def test_a_draining_server_closes_each_connection_after_its_answer(pair_dir):
     (["--speculative-algorithm", "NONE", "--port", "70000"], "--port 70000"),
     (["--speculative-algorithm", "EAGLE"], "invalid choice: 'EAGLE'"),
     (["--speculative-algorithm", "NONE", "--cuda-graph-max-bs-decode", "0"], "--cuda-graph-max-bs-decode 0"),
+    (["--speculative-algorithm", "NONE", "--previous-api-key", "old-key-of-some-length"],
+     "--previous-api-key is set without --api-key"),
+    (["--speculative-algorithm", "NONE", "--api-key", "same-key-of-some-length", "--previous-api-key",
+      "same-key-of-some-length"], "--previous-api-key equals --api-key"),
 ])
 def test_bad_flags_exit_2_with_the_fix(tmp_path, args, message):
     exe = Path(sys.executable).with_name("ddtree-serve")

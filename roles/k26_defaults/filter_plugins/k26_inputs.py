@@ -236,9 +236,19 @@ def _api_key(value, rule: Mapping) -> str | None:
         "expected up to 256 characters of letters, digits and ._~+/=- (e.g. `openssl rand -hex 24`)"
 
 
+def _api_keys(value, rule: Mapping) -> str | None:
+    """1..max_items distinct keys, each an api_key of at least 16 characters (no value is shown)."""
+    if not isinstance(value, list) or not value or len(value) > rule.get("max_items", 4):
+        return f"expected a list of 1 to {rule.get('max_items', 4)} keys"
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or len(item) < 16 or _api_key(item, rule):
+            return f"item {index}: expected a key of 16 to 256 characters of letters, digits and ._~+/=-"
+    return "a key is listed twice" if len(set(value)) != len(value) else None
+
+
 CHECKS: dict[str, Callable] = {
     "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "choice": _choice, "args": _args, "env": _env,
-    "api_key": _api_key, "list": _list, "url": _url,
+    "api_key": _api_key, "api_keys": _api_keys, "list": _list, "url": _url,
     "device": _pattern(DEVICE, "a DeviceAllow entry: char-NAME, block-NAME or /dev/PATH, then r, w and/or m"),
     "git_ref": _pattern(GIT_REF, "a tag name of letters, digits and ._- (starting with a letter or digit)"),
     "model_name": _pattern(MODEL_NAME, "1-128 characters of letters, digits and ._:/- starting with a letter or digit"),

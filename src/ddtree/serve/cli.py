@@ -37,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--api-key", default=None,
                     help="prefer --config FILE with `api_key: ...`: a flag is visible in the process list")
+    ap.add_argument("--previous-api-key", default=None,
+                    help="a second key accepted beside --api-key while clients move to a new one (a key "
+                         "rotation); only in --config FILE, like the key itself")
     ap.add_argument("--config", default=None,
                     help="YAML file of flags (keys = flag names, `-` or `_`), as `sglang serve --config`; "
                          "flags on the command line win. The deployment keeps the API key there.")
@@ -110,6 +113,11 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             ap.error(f"--{flag.replace('_', '-')} {value} is invalid: expected an integer >= 1")
     if not 0 < args.port < 65536:
         ap.error(f"--port {args.port} is invalid: expected 1..65535")
+    if args.previous_api_key and not args.api_key:
+        ap.error("--previous-api-key is set without --api-key: a rotation keeps the new key as api-key and the old "
+                 "one as previous-api-key")
+    if args.previous_api_key and args.previous_api_key == args.api_key:
+        ap.error("--previous-api-key equals --api-key: set previous-api-key to the key being retired, or remove it")
 
 
 def graph_buckets(max_bs: int) -> tuple[int, ...]:
@@ -151,6 +159,7 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
         model_path=args.model_path, draft_model_path=args.speculative_draft_model_path,
         speculative_algorithm=args.speculative_algorithm, budget=decoder.budget, topk_cap=decoder.topk_cap,
         block_size=block, host=args.host, port=args.port, api_key=args.api_key,
+        previous_api_key=args.previous_api_key,
         enable_metrics=args.enable_metrics, device=args.device, dtype=args.dtype,
         max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
         max_request_bytes=args.max_request_bytes, served_model_name=args.served_model_name or args.model_path,

@@ -19,6 +19,11 @@ def key_matches(authorization: str, api_key: str) -> bool:
     return hmac.compare_digest(authorization.encode(), f"Bearer {api_key}".encode())
 
 
+def any_key_matches(authorization: str, keys: tuple[str, ...]) -> bool:
+    """Every accepted key is compared (no early exit: which key matched leaves no timing signal)."""
+    return sum(key_matches(authorization, key) for key in keys) > 0
+
+
 class BodyLimit:
     """ASGI middleware: a request body over `limit` bytes gets 400 before any route parses it.
 
@@ -78,9 +83,9 @@ async def close_when_draining(request: Request, call_next):
 
 
 async def check_api_key(request: Request, call_next):
-    api_key = request.app.state.service.settings.api_key
-    if api_key and request.url.path not in OPEN_PATHS:
-        if not key_matches(request.headers.get("authorization", ""), api_key):
+    keys = request.app.state.service.settings.accepted_keys()
+    if keys and request.url.path not in OPEN_PATHS:
+        if not any_key_matches(request.headers.get("authorization", ""), keys):
             return JSONResponse(error_body("Invalid or missing API key: send 'Authorization: Bearer <key>'",
                                            "authentication_error", 401), status_code=401)
     return await call_next(request)

@@ -42,11 +42,17 @@ class ServerSettings:
     cuda_graph: bool = False
     max_queued_requests: int = 256
     max_request_bytes: int = 1 << 20
+    previous_api_key: str | None = None   # still accepted during a key rotation
 
     def public(self) -> dict:
         out = asdict(self)
-        out["api_key"] = "<set>" if self.api_key else None
+        for name in ("api_key", "previous_api_key"):
+            out[name] = "<set>" if out[name] else None
         return out
+
+    def accepted_keys(self) -> tuple[str, ...]:
+        """The keys a request may carry: the current one and, during a rotation, the previous one."""
+        return tuple(k for k in (self.api_key, self.previous_api_key) if k)
 
 
 @dataclass

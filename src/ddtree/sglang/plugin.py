@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ddtree.sglang import graph_check
+from ddtree.sglang import graph_check, keys
 from ddtree.sglang.requests import request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
 from ddtree.sglang.settings import draft_block_size, from_env, resolved_block, to_env, validate
@@ -211,6 +211,9 @@ def register() -> None:
     HookRegistry.register(CAPTURE_SPEC_INFO, capture_with_tree_mask, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, refuse_unsupported_requests, HookType.BEFORE)
     HookRegistry.register(LOGGED_SERVER_ARGS, redact_logged_secrets, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", keys.add_cli_args, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", keys.capture, HookType.AFTER)
+    HookRegistry.register(keys.DECIDE, keys.accept_previous, HookType.AROUND)
     _registered = True
     # last: a bad SGLANG_DDTREE_GRAPH_CHECK raises here (load_plugins logs it) and again, as the
     # server's error, in validate_server_args

@@ -1,31 +1,82 @@
-"""CLI of the crash harness: every (or the chosen) task boundary of one playbook, a table at the end."""
+"""CLI of the crash harness: the chosen task boundaries of the chosen playbooks, each interrupted by
+SIGKILL and/or a dropped SSH connection, a table at the end.
+
+    python -m tests.infra.crash [PLAYBOOK ...|all] [--mode kill|ssh-drop|both] [--points all|every:N|N,M,...]
+                                [--pool] [--report FILE]
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
-from .harness import CrashPoint, crash_and_rerun, task_starts
+from ..conftest import CACHE
+from .harness import MODES, CrashPoint, interrupt_and_rerun, play, task_starts
+from .scenarios import SCENARIOS, scenario
+
+
+def chosen_points(spec: str, count: int) -> list[int]:
+    """'all', 'every:N' (1, 1+N, ...) or a comma-separated list of 1-based task starts."""
+    if spec == "all":
+        return list(range(1, count + 1))
+    if spec.startswith("every:") and spec[6:].isdigit() and int(spec[6:]) > 0:
+        return list(range(1, count + 1, int(spec[6:])))
+    try:
+        points = [int(p) for p in spec.split(",")]
+    except ValueError:
+        raise SystemExit(f"--points={spec!r}: expected all, every:N or a list such as 3,17,40") from None
+    bad = [p for p in points if not 1 <= p <= count]
+    if bad:
+        raise SystemExit(f"--points={spec!r}: {bad} outside 1..{count} (the run starts {count} tasks)")
+    return points
+
+
+def run_playbook(playbook: str, modes: list[str], spec: str, pool: bool, report) -> list[CrashPoint]:
+    names = task_starts(scenario(playbook), pool)
+    results = []
+    for mode in modes:
+        for k in chosen_points(spec, len(names)):
+            point = interrupt_and_rerun(scenario(playbook), k, mode, name=names[k - 1], pool=pool)
+            results.append(point)
+            line = f"| {playbook} | {mode} | {k} | {point.task} | {'PASS' if point.ok else 'FAIL'} | {point.detail} |"
+            print(line, flush=True)
+            if report:
+                report.write(line.replace("\n", " ") + "\n")
+                report.flush()
+    return results
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.infra.crash", description=__doc__)
-    ap.add_argument("playbook", help="e.g. deploy.yml or playbooks/sweep.yml")
-    ap.add_argument("--points", default="all", help="'all' or a comma-separated list of task numbers (1-based)")
-    ap.add_argument("extra", nargs="*", help="more ansible-playbook arguments (after --)")
+    ap = argparse.ArgumentParser(prog="python -m tests.infra.crash", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("playbooks", nargs="*", default=["deploy.yml"], help=f"'all' or some of {', '.join(SCENARIOS)}")
+    ap.add_argument("--mode", default="kill", choices=(*MODES, "both"))
+    ap.add_argument("--points", default="all", help="all, every:N, or a comma-separated list of task starts (1-based)")
+    ap.add_argument("--pool", action="store_true", help="take-out and put-back through the sandbox gateway (deployed)")
+    ap.add_argument("--report", type=Path, help="append the table's rows to this file")
     args = ap.parse_args(argv)
-    names = task_starts(args.playbook, args.extra + ["-e", "k26_ddtree_budget=16"])
-    points = range(1, len(names) + 1) if args.points == "all" else [int(p) for p in args.points.split(",")]
-    results: list[CrashPoint] = []
-    for k in points:
-        # every killed run changes the unit (budgets 8 and 12 by turns): each one had work to lose
-        changed = args.extra + ["-e", f"k26_ddtree_budget={8 if k % 2 else 12}"]
-        point = crash_and_rerun(args.playbook, changed, k, names[k - 1])
-        results.append(point)
-        print(f"{k:4d} {'PASS' if point.ok else 'FAIL'} {point.task}: {point.detail}", flush=True)
-    passed = sum(p.ok for p in results)
-    print(f"{args.playbook}: {len(results)} interruption points tried, {passed} passed, {len(results) - passed} failed")
-    return 0 if passed == len(results) else 1
+    playbooks = list(SCENARIOS) if args.playbooks == ["all"] else args.playbooks
+    modes = list(MODES) if args.mode == "both" else [args.mode]
+    report = args.report.open("a") if args.report else None
+    results: dict[str, list[CrashPoint]] = {}
+    try:
+        for playbook in playbooks:
+            results[playbook] = run_playbook(playbook, modes, args.points, args.pool, report)
+    finally:
+        # the inventory's own settings again for whatever runs next
+        play("deploy.yml", [], Path(tempfile.mkdtemp(prefix="k26-crash-end-", dir=CACHE)), args.pool)
+    total = failed = 0
+    for playbook, points in results.items():
+        for mode in modes:
+            mine = [p for p in points if p.mode == mode]
+            passed = sum(p.ok for p in mine)
+            survived = sum(p.ok and not p.interrupted for p in mine)
+            total, failed = total + len(mine), failed + len(mine) - passed
+            print(f"{playbook} ({mode}): {len(mine)} interruption points tried, {passed} passed"
+                  f"{f' ({survived} of them not interrupted by the drop)' if survived else ''}, {len(mine) - passed} failed")
+    return 0 if failed == 0 and total > 0 else 1
 
 
 if __name__ == "__main__":

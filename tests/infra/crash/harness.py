@@ -1,41 +1,76 @@
-"""Kill a playbook at a task boundary, run it again, check the host (see the package's docstring)."""
+"""Interrupt a playbook at a task boundary, run it again, check the host (see the package's docstring)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from ..conftest import BIN, CACHE, ROOT, SINGLE_HOST, guest
+from ..conftest import BIN, CACHE, ROOT, guest
 
 PLUGINS = Path(__file__).resolve().parent / "callback_plugins"
 UNIT = "/etc/systemd/system/k26-ddtree.service"
 FILES = [UNIT, "/etc/k26/k26-ddtree.env", "/etc/k26/k26-ddtree.yaml", "/etc/k26/gpu-host.env"]
+WORKER_URL = "http://127.0.0.1:30000"            # the first server as the sandbox gateway's file names it
+GATEWAY_TOOL = ("/opt/k26-gateway/venv/bin/python /opt/k26-gateway/bin/k26_gateway.py pool "
+                "--config /etc/k26-gateway/gateway.yaml status")
+MODES = ("kill", "ssh-drop")
+
+
+def drop_command() -> str:
+    """Kill every root SSH session on the first server and on the gateway host (their listeners
+    stay): the controller's connections end mid-task, as when the network between them fails."""
+    kill = "tools/sandbox.sh exec pkill -KILL -f '^sshd: root@'"
+    return "bash -c " + shlex.quote(f"K26_SANDBOX_HOST=k26-sandbox {kill}; K26_SANDBOX_HOST=k26-gateway {kill}; true")
+
+
+@dataclass
+class Before:
+    """What the host ran before the interrupted run."""
+    unit: str
+    pid: str
+    budget: int
+
+
+@dataclass
+class Scenario:
+    """One playbook under the harness: its arguments for point k, what to do before each point, and
+    what must hold after the re-run beyond the common invariants."""
+    playbook: str
+    args: Callable[[int, Before], list[str]]
+    expect: Callable[[int, Before], list[str]] = lambda k, before: []
+    prepare: Callable[[], None] = lambda: None
 
 
 @dataclass
 class CrashPoint:
-    index: int         # the task start the first run was killed at (1-based)
-    task: str          # its name
-    killed: bool       # the first run died by SIGKILL there
-    rerun_rc: int      # the second run's exit status
-    problems: list[str]
+    index: int          # the task start the first run was interrupted at (1-based)
+    task: str           # its name
+    mode: str           # kill or ssh-drop
+    interrupted: bool   # the first run died there (SIGKILL) or ended failed or unreachable (ssh-drop)
+    rerun_rc: int       # the second run's exit status
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.killed and self.rerun_rc == 0 and not self.problems
+        # a dropped connection that hit no running command leaves a run that ended well: still checked
+        return (self.interrupted or self.mode == "ssh-drop") and self.rerun_rc == 0 and not self.problems
 
     @property
     def detail(self) -> str:
-        if not self.killed:
+        if not self.interrupted and self.mode == "kill":
             return "the first run was not killed there (it ended first)"
         if self.rerun_rc != 0:
             return f"the re-run failed (rc {self.rerun_rc})"
-        return "; ".join(self.problems) or "the host holds every invariant"
+        survived = "" if self.interrupted else " (the drop hit no command: the first run ended well)"
+        return ("; ".join(self.problems) or "the host holds every invariant") + survived
 
 
 def _env(scratch: Path, **extra: str) -> dict:
@@ -47,40 +82,66 @@ def _env(scratch: Path, **extra: str) -> dict:
     return env
 
 
-def _play(playbook: str, extra: list[str], scratch: Path, **env: str) -> subprocess.CompletedProcess:
-    """One ansible-playbook run on the first sandbox server (no gateway), in its own process group."""
+def scope(pool: bool) -> list[str]:
+    """The first sandbox server alone; with `pool` its take-out and put-back go to the sandbox gateway
+    (which must be deployed: `make deploy`)."""
+    return ["--limit", "sandbox"] + ([] if pool else ["-e", "k26_gateway_pool=false"])
+
+
+def play(playbook: str, extra: list[str], scratch: Path, pool: bool = False, **env: str) -> subprocess.CompletedProcess:
+    """One ansible-playbook run in its own process group."""
     scratch.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([str(BIN / "ansible-playbook"), playbook, *SINGLE_HOST, *extra], cwd=ROOT,
-                          env=_env(scratch, **env), capture_output=True, text=True, timeout=1800,
+    done = subprocess.run([str(BIN / "ansible-playbook"), playbook, *scope(pool), *extra], cwd=ROOT,
+                          env=_env(scratch, **env), capture_output=True, text=True, timeout=3600,
                           start_new_session=True)
+    (scratch / "out.log").write_text(f"rc {done.returncode}\n{done.stdout}{done.stderr}")  # read after a failure
+    return done
 
 
-def task_starts(playbook: str, extra: list[str]) -> list[str]:
-    """The names of the tasks one whole run starts, in order (the run itself changes the host as the
+def task_starts(scenario: Scenario, pool: bool) -> list[str]:
+    """The names of the tasks one whole run starts, in order (the run changes the host as the
     playbook does)."""
     scratch = Path(tempfile.mkdtemp(prefix="k26-crash-count-", dir=CACHE))
     names = scratch / "names"
-    r = _play(playbook, extra, scratch, K26_CRASH_NAMES=str(names))
+    scenario.prepare()
+    r = play(scenario.playbook, scenario.args(0, before()), scratch, pool, K26_CRASH_NAMES=str(names))
     if r.returncode != 0:
-        raise RuntimeError(f"the counting run of {playbook} failed: {r.stdout[-2000:]}")
+        raise RuntimeError(f"the counting run of {scenario.playbook} failed: {r.stdout[-2000:]}")
     return names.read_text().splitlines()
 
 
-def crash_and_rerun(playbook: str, extra: list[str], index: int = 0, name: str = "", at_name: str = "") -> CrashPoint:
-    """Kill a run at task start `index` (or at the first task named like `at_name`), run it again,
-    check the host."""
-    scratch = Path(tempfile.mkdtemp(prefix=f"k26-crash-{index or 'named'}-", dir=CACHE))
-    where = {"K26_CRASH_AT_NAME": at_name} if at_name else {"K26_CRASH_AT": str(index)}
-    first = _play(playbook, extra, scratch / "killed", **where)
-    killed = first.returncode == -signal.SIGKILL
-    found = re.search(r"k26_crash: killed at task start (\d+): (.*)", first.stdout)
-    second = _play(playbook, extra, scratch / "rerun")
-    problems = invariants() if second.returncode == 0 else [second.stdout[-1500:]]
-    return CrashPoint(int(found.group(1)) if found else index, found.group(2).strip() if found else name or at_name,
-                      killed, second.returncode, problems)
+def before() -> Before:
+    unit = guest(f"cat {UNIT}", check=False).stdout
+    found = re.search(r"--speculative-ddtree-budget (\d+)", unit)
+    return Before(unit, main_pid(), int(found.group(1)) if found else 0)
 
 
-def invariants() -> list[str]:
+def main_pid() -> str:
+    return guest("systemctl show -p MainPID --value k26-ddtree", check=False).stdout.strip()
+
+
+def interrupt_and_rerun(scenario: Scenario, k: int = 0, mode: str = "kill", at_name: str = "", name: str = "",
+                        pool: bool = False) -> CrashPoint:
+    """Interrupt a run at task start `k` (or at the first task named like `at_name`), run the same
+    command again, check the host."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
+    scratch = Path(tempfile.mkdtemp(prefix=f"k26-crash-{mode}-{k or 'named'}-", dir=CACHE))
+    scenario.prepare()
+    was = before()
+    extra = scenario.args(k, was)
+    where = {"K26_CRASH_AT_NAME": at_name} if at_name else {"K26_CRASH_AT": str(k)}
+    first = play(scenario.playbook, extra, scratch / "first", pool, K26_CRASH_MODE=mode,
+                 K26_CRASH_DROP_CMD=drop_command(), **where)
+    interrupted = first.returncode == -signal.SIGKILL if mode == "kill" else first.returncode != 0
+    found = re.search(r"k26_crash: (?:killed at|dropping the SSH sessions [\d.]+ s into) task start (\d+): (.*)", first.stdout)
+    second = play(scenario.playbook, extra, scratch / "rerun", pool)
+    problems = invariants(pool) + scenario.expect(k, was) if second.returncode == 0 else [second.stdout[-1500:]]
+    return CrashPoint(int(found.group(1)) if found else k, found.group(2).strip() if found else name or at_name,
+                      mode, interrupted, second.returncode, problems)
+
+
+def invariants(pool: bool = False) -> list[str]:
     """What must hold on the host after any interrupted run was followed by a whole one."""
     problems = []
     if guest("systemctl is-active k26-ddtree", check=False).stdout.strip() != "active":
@@ -91,7 +152,7 @@ def invariants() -> list[str]:
     unit = guest(f"cat {UNIT}", check=False).stdout
     if not current or f"ExecStart={current}/venv/bin/" not in unit:
         problems.append(f"the unit does not run the current release {current or '(none)'}")
-    pid = guest("systemctl show -p MainPID --value k26-ddtree", check=False).stdout.strip()
+    pid = main_pid()
     cmdline = guest(f"tr '\\0' ' ' < /proc/{pid}/cmdline", check=False).stdout if pid not in ("", "0") else ""
     if current and current not in cmdline:
         problems.append(f"the running process ({cmdline[:120]!r}) is not the current release's")
@@ -107,4 +168,24 @@ def invariants() -> list[str]:
     marks = guest("ls /var/lib/k26-rollback/ | grep -- '-in-progress$' || true", check=False).stdout.split()
     if marks:
         problems.append(f"marked in progress: {marks}")
+    if pool:
+        problems += pool_problems()
+    return problems
+
+
+def pool_problems() -> list[str]:
+    """The first server is in the gateway's pool, healthy, ready and takes the gateway's key; the
+    fleet lock is free."""
+    out = guest(GATEWAY_TOOL, check=False, host="k26-gateway").stdout
+    try:
+        workers = {w["url"]: w for w in json.loads(out)}
+    except ValueError:
+        return [f"the gateway's pool status could not be read: {out[:200]!r}"]
+    w = workers.get(WORKER_URL)
+    problems = []
+    if not w or not (w["healthy"] and w["status"] == "ready" and w["authorized"]):
+        problems.append(f"{WORKER_URL} is not back in the gateway's pool, healthy, ready and authorized: {w}")
+    if guest("ls /run/k26-fleet/ 2>/dev/null | grep -c '^token\\.' || true", check=False,
+             host="k26-gateway").stdout.strip() != "0":
+        problems.append("the fleet lock is still held")
     return problems

@@ -1,23 +1,32 @@
-"""Test-only callback: SIGKILL this ansible-playbook at the start of task number K26_CRASH_AT
-(1-based, counted over the whole run) or of the first task whose name contains K26_CRASH_AT_NAME,
-the way an operator's Ctrl-C twice, an OOM kill or a lost
-controller ends a run between two tasks. With K26_CRASH_NAMES=FILE it writes the name
-of every task started, one per line, when the run ends.
-Enabled by tests/infra/crash/run.py through ANSIBLE_CALLBACK_PLUGINS / ANSIBLE_CALLBACKS_ENABLED."""
+"""Test-only callback: interrupt this ansible-playbook at the start of task number K26_CRASH_AT
+(1-based, counted over the whole run) or of the first task whose name contains K26_CRASH_AT_NAME.
+
+K26_CRASH_MODE chooses how:
+- kill (default): SIGKILL of the run's whole process group, the way an operator's Ctrl-C twice, an
+  OOM kill or a lost controller ends a run between two tasks;
+- ssh-drop: K26_CRASH_DROP_DELAY seconds after the task started (its module running on the host),
+  run K26_CRASH_DROP_CMD (the harness passes a command that kills the hosts' sshd sessions): the
+  controller's connections die mid-task, Ansible calls the host unreachable and the run goes on
+  without it, as when the network between controller and host fails.
+With K26_CRASH_NAMES=FILE it writes the name of every task started, one per line, when the run ends.
+Enabled by tests/infra/crash/harness.py through ANSIBLE_CALLBACK_PLUGINS / ANSIBLE_CALLBACKS_ENABLED."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import subprocess
 import sys
+import threading
 
 from ansible.plugins.callback import CallbackBase
 
 DOCUMENTATION = """
 name: k26_crash
 type: aggregate
-short_description: kill the run at the start of task number K26_CRASH_AT (tests only)
-description: Counts task starts; kills its own process group at the chosen one; writes their names.
+short_description: interrupt the run at the start of task number K26_CRASH_AT (tests only)
+description: Counts task starts; kills its own process group or drops the hosts' SSH sessions at the chosen one.
 """
 
 
@@ -30,18 +39,36 @@ class CallbackModule(CallbackBase):
     def __init__(self):
         super().__init__()
         self.started = 0
+        self.fired = False
         self.names: list[str] = []
         at = os.environ.get("K26_CRASH_AT", "")
         self.at = int(at) if at.isdigit() else 0
         self.at_name = os.environ.get("K26_CRASH_AT_NAME", "")
+        self.mode = os.environ.get("K26_CRASH_MODE", "kill")
+        self.drop_cmd = shlex.split(os.environ.get("K26_CRASH_DROP_CMD", ""))
+        self.drop_delay = float(os.environ.get("K26_CRASH_DROP_DELAY", "1.0"))
+
+    def _chosen(self, name: str) -> bool:
+        return not self.fired and ((self.at and self.started == self.at) or (self.at_name and self.at_name in name))
 
     def v2_playbook_on_task_start(self, task, is_conditional):
         self.started += 1
-        self.names.append(f"{task.get_name()}".replace("\n", " "))
-        if (self.at and self.started == self.at) or (self.at_name and self.at_name in task.get_name()):
-            self._display.display(f"k26_crash: killed at task start {self.started}: {task.get_name()}")
-            sys.stdout.flush()
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+        name = f"{task.get_name()}".replace("\n", " ")
+        self.names.append(name)
+        if not self._chosen(name):
+            return
+        self.fired = True
+        if self.mode == "ssh-drop":
+            self._display.display(f"k26_crash: dropping the SSH sessions {self.drop_delay:g} s into task start {self.started}: {name}")
+            threading.Timer(self.drop_delay, self._drop).start()
+            return
+        self._display.display(f"k26_crash: killed at task start {self.started}: {name}")
+        sys.stdout.flush()
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    def _drop(self) -> None:
+        done = subprocess.run(self.drop_cmd, capture_output=True, text=True, check=False)
+        self._display.display(f"k26_crash: dropped (rc {done.returncode})")
 
     def v2_playbook_on_stats(self, stats):
         path = os.environ.get("K26_CRASH_NAMES")
