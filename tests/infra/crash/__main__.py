@@ -8,6 +8,7 @@ SIGKILL and/or a dropped SSH connection, a table at the end.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -18,15 +19,17 @@ from .scenarios import SCENARIOS, scenario
 
 
 def chosen_points(spec: str, count: int) -> list[int]:
-    """'all', 'every:N' (1, 1+N, ...) or a comma-separated list of 1-based task starts."""
+    """'all', 'every:N' (1, 1+N, ...), 'every:N@K' (K, K+N, ...) or a comma-separated list of 1-based
+    task starts."""
     if spec == "all":
         return list(range(1, count + 1))
-    if spec.startswith("every:") and spec[6:].isdigit() and int(spec[6:]) > 0:
-        return list(range(1, count + 1, int(spec[6:])))
+    every = re.fullmatch(r"every:([1-9]\d*)(?:@([1-9]\d*))?", spec)
+    if every:
+        return list(range(int(every.group(2) or 1), count + 1, int(every.group(1))))
     try:
         points = [int(p) for p in spec.split(",")]
     except ValueError:
-        raise SystemExit(f"--points={spec!r}: expected all, every:N or a list such as 3,17,40") from None
+        raise SystemExit(f"--points={spec!r}: expected all, every:N, every:N@K or a list such as 3,17,40") from None
     bad = [p for p in points if not 1 <= p <= count]
     if bad:
         raise SystemExit(f"--points={spec!r}: {bad} outside 1..{count} (the run starts {count} tasks)")
@@ -53,7 +56,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("playbooks", nargs="*", default=["deploy.yml"], help=f"'all' or some of {', '.join(SCENARIOS)}")
     ap.add_argument("--mode", default="kill", choices=(*MODES, "both"))
-    ap.add_argument("--points", default="all", help="all, every:N, or a comma-separated list of task starts (1-based)")
+    ap.add_argument("--points", default="all",
+                    help="all, every:N, every:N@K (from task K), or a comma-separated list of task starts (1-based)")
     ap.add_argument("--pool", action="store_true", help="take-out and put-back through the sandbox gateway (deployed)")
     ap.add_argument("--report", type=Path, help="append the table's rows to this file")
     args = ap.parse_args(argv)
