@@ -40,6 +40,7 @@ class ServerConfig:
     env: tuple[tuple[str, str], ...] = ()    # added to the server's environment
     tp: int = 1                              # tensor-parallel ranks (GPUs 0 .. tp-1)
     draft: str = "draft"                     # the draft's folder in the pair (draft16: the block-16 draft)
+    radix: bool = False                      # the radix cache on (SGLang's default; the matrix runs without it)
 
     def args(self, pair: Path, port: int) -> list[str]:
         # --sleep-on-idle: an idle scheduler otherwise spins a core, and servers started together
@@ -47,7 +48,8 @@ class ServerConfig:
         a = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--attention-backend", "triton",
              "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", "0.88",
              "--max-total-tokens", "16384", "--context-length", "1024",
-             "--max-running-requests", str(GRAPH_MAX_BS), "--disable-radix-cache", "--enable-metrics",
+             "--max-running-requests", str(GRAPH_MAX_BS), *([] if self.radix else ["--disable-radix-cache"]),
+             "--enable-metrics",
              "--disable-overlap-schedule", "--cuda-graph-backend-prefill", "disabled", "--sleep-on-idle"]
         a += (["--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS)] if self.graphs
               else ["--cuda-graph-backend-decode", "disabled"])
