@@ -100,6 +100,9 @@ def write_pair(root: Path, kind: str) -> Path:
 
 
 DUMMY = ("--load-format", "dummy")
+# the wrapper's HTTP side loads Kimi's image processor (remote code shipped with the checkpoint,
+# absent here) unless the server is language-model-only; the model itself keeps its vision tower
+LM_ONLY = ("--language-model-only",)
 DRAFT_DUMMY = DUMMY + ("--speculative-draft-load-format", "dummy")
 PYTHON_RADIX = (("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python"),)
 
@@ -117,18 +120,18 @@ def probes(group: str) -> list[Probe]:
     b32 = harness.ddtree(32, 8)
     radix = {"radix": True, "env": PYTHON_RADIX}
     wrapper = [
-        Probe(replace(harness.NONE, extra=DUMMY), "wrapper"),
-        Probe(replace(b32, extra=DRAFT_DUMMY), "wrapper", "none"),
-        Probe(replace(harness.ddtree(8, 4, graphs=False), extra=DRAFT_DUMMY), "wrapper", "none"),
-        Probe(replace(harness.DFLASH, extra=DRAFT_DUMMY), "wrapper", "none"),
-        Probe(replace(b32, name="ddtree-b32-c8-flashinfer", extra=DRAFT_DUMMY + ("--attention-backend", "flashinfer")),
+        Probe(replace(harness.NONE, extra=DUMMY + LM_ONLY), "wrapper"),
+        Probe(replace(b32, extra=DRAFT_DUMMY + LM_ONLY), "wrapper", "none"),
+        Probe(replace(harness.ddtree(8, 4, graphs=False), extra=DRAFT_DUMMY + LM_ONLY), "wrapper", "none"),
+        Probe(replace(harness.DFLASH, extra=DRAFT_DUMMY + LM_ONLY), "wrapper", "none"),
+        Probe(replace(b32, name="ddtree-b32-c8-flashinfer", extra=DRAFT_DUMMY + LM_ONLY + ("--attention-backend", "flashinfer")),
               "wrapper", "none"),
-        Probe(replace(harness.NONE, name="none-radix", extra=DUMMY, **radix), "wrapper", "none"),
-        Probe(replace(b32, name="ddtree-b32-c8-radix", extra=DRAFT_DUMMY, **radix), "wrapper", "none"),
+        Probe(replace(harness.NONE, name="none-radix", extra=DUMMY + LM_ONLY, **radix), "wrapper", "none"),
+        Probe(replace(b32, name="ddtree-b32-c8-radix", extra=DRAFT_DUMMY + LM_ONLY, **radix), "wrapper", "none"),
     ]
     int4 = [
-        Probe(replace(harness.NONE, name="none-int4", extra=DUMMY), "int4"),
-        Probe(replace(b32, name="ddtree-b32-c8-int4", extra=DRAFT_DUMMY), "int4", "none-int4"),
+        Probe(replace(harness.NONE, name="none-int4", extra=DUMMY + LM_ONLY), "int4"),
+        Probe(replace(b32, name="ddtree-b32-c8-int4", extra=DRAFT_DUMMY + LM_ONLY), "int4", "none-int4"),
         Probe(replace(harness.NONE, name="none-dsv3", extra=DUMMY), "dsv3"),
         Probe(replace(b32, name="ddtree-b32-c8-dsv3", extra=DRAFT_DUMMY), "dsv3", "none-dsv3"),
     ]
