@@ -81,19 +81,23 @@ DRAFT = {
 }
 
 
-def target_config(kind: str) -> dict:
-    """wrapper: KimiK25ForConditionalGeneration; int4: the same with INT4 routed experts; dsv3: the
-    text model alone (DeepseekV3ForCausalLM), the fallback the issue names."""
-    if kind == "dsv3":
-        return {**copy.deepcopy(TEXT), "model_type": "deepseek_v3"}
+def target_config(kind: str, arch: str = "wrapper") -> dict:
+    """wrapper: the target; int4: the same with INT4 routed experts; dsv3: the text model alone.
+    arch wrapper: KimiK25ForConditionalGeneration; arch dsv3: DeepseekV3ForCausalLM for all three
+    (the fallback the issue names)."""
+    if kind == "dsv3" or arch == "dsv3":
+        cfg = {**copy.deepcopy(TEXT), "model_type": "deepseek_v3"}
+        if kind == "int4":
+            cfg["quantization_config"] = copy.deepcopy(INT4)
+        return cfg
     cfg = copy.deepcopy(WRAPPER)
     if kind == "int4":
         cfg["text_config"]["quantization_config"] = copy.deepcopy(INT4)
     return cfg
 
 
-def write_pair(root: Path, kind: str) -> Path:
-    for name, cfg in (("target", target_config(kind)), ("draft", DRAFT)):
+def write_pair(root: Path, kind: str, arch: str = "wrapper") -> Path:
+    for name, cfg in (("target", target_config(kind, arch)), ("draft", DRAFT)):
         (root / name).mkdir(parents=True, exist_ok=True)
         (root / name / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     return root
@@ -116,26 +120,27 @@ class Probe:
     reference: str | None = None
 
 
-def probes(group: str) -> list[Probe]:
+def probes(group: str, arch: str = "wrapper") -> list[Probe]:
+    lm_only = LM_ONLY if arch == "wrapper" else ()
     b32 = harness.ddtree(32, 8)
     radix = {"radix": True, "env": PYTHON_RADIX}
     wrapper = [
-        Probe(replace(harness.NONE, extra=DUMMY + LM_ONLY), "wrapper"),
-        Probe(replace(b32, extra=DRAFT_DUMMY + LM_ONLY), "wrapper", "none"),
-        Probe(replace(harness.ddtree(8, 4, graphs=False), extra=DRAFT_DUMMY + LM_ONLY), "wrapper", "none"),
-        Probe(replace(harness.DFLASH, extra=DRAFT_DUMMY + LM_ONLY), "wrapper", "none"),
-        Probe(replace(b32, name="ddtree-b32-c8-flashinfer", extra=DRAFT_DUMMY + LM_ONLY + ("--attention-backend", "flashinfer")),
+        Probe(replace(harness.NONE, extra=DUMMY + lm_only), "wrapper"),
+        Probe(replace(b32, extra=DRAFT_DUMMY + lm_only), "wrapper", "none"),
+        Probe(replace(harness.ddtree(8, 4, graphs=False), extra=DRAFT_DUMMY + lm_only), "wrapper", "none"),
+        Probe(replace(harness.DFLASH, extra=DRAFT_DUMMY + lm_only), "wrapper", "none"),
+        Probe(replace(b32, name="ddtree-b32-c8-flashinfer", extra=DRAFT_DUMMY + lm_only + ("--attention-backend", "flashinfer")),
               "wrapper", "none"),
-        Probe(replace(harness.NONE, name="none-radix", extra=DUMMY + LM_ONLY, **radix), "wrapper", "none"),
-        Probe(replace(b32, name="ddtree-b32-c8-radix", extra=DRAFT_DUMMY + LM_ONLY, **radix), "wrapper", "none"),
+        Probe(replace(harness.NONE, name="none-radix", extra=DUMMY + lm_only, **radix), "wrapper", "none"),
+        Probe(replace(b32, name="ddtree-b32-c8-radix", extra=DRAFT_DUMMY + lm_only, **radix), "wrapper", "none"),
     ]
     int4 = [
-        Probe(replace(harness.NONE, name="none-int4", extra=DUMMY + LM_ONLY), "int4"),
-        Probe(replace(b32, name="ddtree-b32-c8-int4", extra=DRAFT_DUMMY + LM_ONLY), "int4", "none-int4"),
+        Probe(replace(harness.NONE, name="none-int4", extra=DUMMY + lm_only), "int4"),
+        Probe(replace(b32, name="ddtree-b32-c8-int4", extra=DRAFT_DUMMY + lm_only), "int4", "none-int4"),
         Probe(replace(harness.NONE, name="none-dsv3", extra=DUMMY), "dsv3"),
         Probe(replace(b32, name="ddtree-b32-c8-dsv3", extra=DRAFT_DUMMY), "dsv3", "none-dsv3"),
     ]
-    return {"wrapper": wrapper, "int4": int4, "all": wrapper + int4}[group]
+    return {"wrapper": wrapper, "int4": int4, "int4-only": int4[:2], "all": wrapper + int4}[group]
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -153,8 +158,8 @@ def radix_prompts(base: list[list[int]], answers: list[list[int]]) -> list[list[
 def run(args) -> list[dict]:
     root = args.out
     for kind in ("wrapper", "int4", "dsv3"):
-        write_pair(root / kind, kind)
-    chosen = {p.config.name: p for p in probes(args.group)}
+        write_pair(root / kind, kind, args.arch)
+    chosen = {p.config.name: p for p in probes(args.group, args.arch)}
     servers = {name: harness.Server(p.config, 31400 + i, root / "logs" / f"{name}.log")
                for i, (name, p) in enumerate(chosen.items())}
     t0 = time.monotonic()
@@ -203,8 +208,10 @@ def run(args) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--group", choices=("wrapper", "int4", "all"), default="wrapper")
+    ap.add_argument("--group", choices=("wrapper", "int4", "int4-only", "all"), default="wrapper")
     ap.add_argument("--timeout", type=float, default=420)
+    ap.add_argument("--arch", choices=("wrapper", "dsv3"), default="wrapper",
+                    help="dsv3: every pair as DeepseekV3ForCausalLM (the text model alone)")
     ap.add_argument("--prompts", type=int, default=8)
     args = ap.parse_args(argv)
     rows = run(args)
@@ -216,7 +223,7 @@ def main(argv=None) -> int:
         print(f"| {r['server']} | {r['pair']} | {r['radix']} | {r['healthy_after_s']} | {r.get('accept_length')} | "
               f"{equal} | {r.get('first_divergences', '')} | {r.get('cached_tokens', '')} | "
               f"{r.get('radix_prompts_equal_to_none_without_cache', '')} | {' / '.join(r['errors'])[:500]} |")
-    (args.out / "kimi_probe.json").write_text(json.dumps({"configs": {k: target_config(k) for k in ("wrapper", "int4", "dsv3")},
+    (args.out / "kimi_probe.json").write_text(json.dumps({"configs": {k: target_config(k, args.arch) for k in ("wrapper", "int4", "dsv3")},
                                                           "draft": DRAFT, "rows": rows}, indent=1))
     return 0 if all(r["healthy_after_s"] is not None and not r["errors"] for r in rows) else 1
 
