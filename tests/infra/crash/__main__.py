@@ -43,7 +43,7 @@ def run_playbook(playbook: str, modes: list[str], spec: str, pool: bool, report)
         for k in chosen_points(spec, len(names)):
             point = interrupt_and_rerun(scenario(playbook), k, mode, name=names[k - 1], pool=pool)
             results.append(point)
-            line = f"| {playbook} | {mode} | {k} | {point.task} | {'PASS' if point.ok else 'FAIL'} | {point.detail} |"
+            line = f"| {playbook} | {mode} | {k} | {point.task} | {point.verdict} | {point.detail} |"
             print(line, flush=True)
             if report:
                 report.write(line.replace("\n", " ") + "\n")
@@ -74,12 +74,14 @@ def main(argv=None) -> int:
     total = failed = 0
     for playbook, points in results.items():
         for mode in modes:
-            mine = [p for p in points if p.mode == mode]
+            mine = [p for p in points if p.mode == mode and p.reached]
             passed = sum(p.ok for p in mine)
             survived = sum(p.ok and not p.interrupted for p in mine)
+            missed = sum(not p.reached for p in points if p.mode == mode)
             total, failed = total + len(mine), failed + len(mine) - passed
             print(f"{playbook} ({mode}): {len(mine)} interruption points tried, {passed} passed"
-                  f"{f' ({survived} of them not interrupted by the drop)' if survived else ''}, {len(mine) - passed} failed")
+                  f"{f' ({survived} of them not interrupted by the drop)' if survived else ''}, {len(mine) - passed} failed"
+                  f"{f'; {missed} chosen task starts not reached by the run' if missed else ''}")
     return 0 if failed == 0 and total > 0 else 1
 
 

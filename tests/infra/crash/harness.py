@@ -58,13 +58,21 @@ class CrashPoint:
     rerun_rc: int       # the second run's exit status
     problems: list[str] = field(default_factory=list)
 
+    reached: bool = True   # the first run started that many tasks (a run's count varies with what it changes)
+
     @property
     def ok(self) -> bool:
         # a dropped connection that hit no running command leaves a run that ended well: still checked
-        return (self.interrupted or self.mode == "ssh-drop") and self.rerun_rc == 0 and not self.problems
+        return self.reached and (self.interrupted or self.mode == "ssh-drop") and self.rerun_rc == 0 and not self.problems
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.ok else "NOT REACHED" if not self.reached else "FAIL"
 
     @property
     def detail(self) -> str:
+        if not self.reached:
+            return "the first run ended before this task start (it started fewer tasks than the counting run)"
         if not self.interrupted and self.mode == "kill":
             return "the first run was not killed there (it ended first)"
         if self.rerun_rc != 0:
@@ -135,6 +143,8 @@ def interrupt_and_rerun(scenario: Scenario, k: int = 0, mode: str = "kill", at_n
                  K26_CRASH_DROP_CMD=drop_command(), **where)
     interrupted = first.returncode == -signal.SIGKILL if mode == "kill" else first.returncode != 0
     found = re.search(r"k26_crash: (?:killed at|dropping the SSH sessions [\d.]+ s into) task start (\d+): (.*)", first.stdout)
+    if found is None and first.returncode == 0 and not at_name:      # the chosen task start never came
+        return CrashPoint(k, name, mode, False, 0, reached=False)
     second = play(scenario.playbook, extra, scratch / "rerun", pool)
     problems = invariants(pool) + scenario.expect(k, was) if second.returncode == 0 else [second.stdout[-1500:]]
     return CrashPoint(int(found.group(1)) if found else k, found.group(2).strip() if found else name or at_name,
