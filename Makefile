@@ -12,12 +12,12 @@ PYTEST_ARGS ?=
 
 SGLANG_HASH := $(shell cat requirements/sglang-test.txt | sha256sum | cut -c1-12)
 SGLANG_VENV := $(CACHE)/venv-sglang-$(SGLANG_HASH)
-GATEWAY_HASH := $(shell cat requirements/gateway.txt | sha256sum | cut -c1-12)
+GATEWAY_HASH := $(shell cat requirements/gateway.lock | sha256sum | cut -c1-12)
 GATEWAY_VENV := $(CACHE)/venv-gateway-$(GATEWAY_HASH)
 SANDBOX_MODEL := $(CACHE)/models/tiny-seed0
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: crash-test help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
+.PHONY: lock check-locks crash-test help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
@@ -25,6 +25,7 @@ help:
 	@echo "make sandbox     boot the local sandbox fleet: 2 server hosts + a gateway host (cached rootfs, ssh on 127.0.0.1:2222-2224); sandbox-down stops it"
 	@echo "make test-unit   algorithm unit tests only"
 	@echo "make venv        create/refresh the pinned CPU test venv in $(CACHE)"
+	@echo "make lock        regenerate requirements/*.lock (every package with hashes) from the pins in requirements/*.txt"
 
 # keyed by the hash of the pins in the path (not by file times: a fresh clone must reuse it)
 $(VENV)/.ready:
@@ -62,7 +63,7 @@ $(GATEWAY_VENV)/.ready:
 	@echo ">> creating gateway venv $(GATEWAY_VENV)"
 	rm -rf $(GATEWAY_VENV)
 	$(PYTHON) -m venv $(GATEWAY_VENV)
-	$(GATEWAY_VENV)/bin/pip install -q -r requirements/gateway.txt 2>&1 | grep -v "^WARNING: Location" || true
+	$(GATEWAY_VENV)/bin/pip install -q -r requirements/gateway.lock 2>&1 | grep -v "^WARNING: Location" || true
 	$(GATEWAY_VENV)/bin/python -c "import smg.router, yaml"
 	touch $@
 
@@ -109,6 +110,21 @@ deploy: venv sandbox
 crash-test: deploy
 	$(ANSIBLE_ENV) $(PY) -m tests.infra.crash $(or $(PLAYBOOKS),all) --mode $(or $(MODE),both) \
 		--points $(or $(POINTS),all) --pool --report $(CACHE)/crash-report.md
+
+# Hash-locked requirements from the top-level pins (tools/lock.py, uv from the test venv): the
+# production release venv (the GPU host's Python, LOCK_PYTHON), the sandbox's (Debian 12's 3.11; torch's
+# CPU build from TORCH_WHEELS, this machine kind's local find-links) and the gateway's.
+LOCK_PYTHON ?= 3.12
+TORCH_WHEELS ?= /opt/wheels
+LOCK := $(PY) tools/lock.py write --uv $(VENV)/bin/uv
+lock: venv
+	$(LOCK) requirements/sglang.txt requirements/sglang.lock --python $(LOCK_PYTHON) --platform x86_64-manylinux_2_34
+	$(LOCK) requirements/sandbox.txt requirements/sandbox.lock --python 3.11 --platform x86_64-manylinux_2_28 \
+		--find-links $(TORCH_WHEELS)
+	$(LOCK) requirements/gateway.txt requirements/gateway.lock --python 3.11 --platform x86_64-manylinux_2_28
+
+check-locks:
+	for r in sglang sandbox gateway; do $(PYTHON) tools/lock.py check requirements/$$r.txt requirements/$$r.lock; done
 
 lint: venv
 	$(ANSIBLE_ENV) $(VENV)/bin/ansible-lint
