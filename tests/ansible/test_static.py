@@ -86,11 +86,11 @@ def exec_flags(unit: str) -> list[str]:
 PRODUCTION_FLAGS = [
     "--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6", "--speculative-algorithm DDTREE",
     "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
-    "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 32",
+    "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 48",
     "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
-    "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
+    "--max-running-requests 48", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
     "--config /etc/k26/k26-ddtree.yaml",
-    "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2",
+    "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2", "--watchdog-timeout 1800",
 ]
 
 
@@ -113,6 +113,12 @@ def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
     assert "NCCL_NVLS_ENABLE=0" in env and "EnvironmentFile=-/etc/k26/gpu-host.env" in unit.splitlines()
     nccl = yaml.safe_load((ROOT / "inventory/production/group_vars/k26/nccl.yml").read_text())
     assert nccl["k26_pcie_ipc_allreduce"] is True and nccl["k26_nccl_p2p"] == "auto"
+
+
+def test_the_readme_shows_the_production_command_line_as_rendered(tmp_path, vault_pass):
+    unit = render("production", tmp_path, vault_pass)["k26-gpu-01.service"]
+    rendered = "ExecStart=" + unit.split("ExecStart=", 1)[1].split("\nRestart=", 1)[0]
+    assert f"```\n{rendered}\n```" in (ROOT / "README.md").read_text()
 
 
 def test_production_dflash_fallback_drops_exactly_the_two_ddtree_flags(tmp_path, vault_pass):
@@ -147,7 +153,7 @@ def test_rendered_flags_follow_graphs_and_budget(tmp_path, vault_pass, graphs, b
                                "k26_speculative_algorithm": "DDTREE"}))
     flags = exec_flags(files["k26-gpu-01.service"])
     assert f"--speculative-ddtree-budget {budget}" in flags and f"--speculative-ddtree-topk-cap {cap}" in flags
-    assert ("--cuda-graph-max-bs-decode 32" in flags) == graphs
+    assert ("--cuda-graph-max-bs-decode 48" in flags) == graphs
     assert ("--cuda-graph-backend-decode disabled" in flags) == (not graphs)
     assert len([f for f in flags if f.startswith("--speculative-ddtree-budget")]) == 1
 
@@ -218,10 +224,26 @@ def preflight(tmp: Path, pair_dir: Path, overrides: dict) -> subprocess.Complete
     base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_state_dir": str(state),
             "k26_model_path": str(pair_dir / "target"), "k26_draft_model_path": str(pair_dir / "draft"),
             "k26_dflash_block_size": 4, "k26_port": 39999, "k26_server_kind": "reference",
-            "k26_api_key": "a-test-key-of-24-chars00"}
+            "k26_api_key": "a-test-key-of-24-chars00",
+            # the lock of the reference server (Python 3.11, as this machine's python3)
+            "k26_requirements_file": str(ROOT / "requirements/sandbox.lock")}
     base.update(overrides)
     return run([str(BIN / "ansible-playbook"), "-i", "localhost,", "tests/ansible/preflight.yml",
                 "-e", json.dumps(base)], tmp)
+
+
+def test_preflight_refuses_a_host_python_that_is_not_the_locks(tmp_path, pair_dir):
+    """A lock is resolved for one Python (its first line says which); a host with another one would
+    install a stack nobody resolved."""
+    fake = tmp_path / "python3.9"
+    fake.write_text("#!/bin/sh\necho 3.9\n")
+    fake.chmod(0o755)
+    r = preflight(tmp_path, pair_dir, {"k26_requirements_file": str(ROOT / "requirements/sglang.lock"),
+                                       "k26_python": str(fake)})
+    out = re.sub(r"\s+", " ", r.stdout)
+    assert r.returncode != 0
+    assert f"sglang.lock was locked for Python 3.12, but the host's {fake} is 3.9" in out
+    assert "make lock LOCK_PYTHON=3.9" in out
 
 
 def test_preflight_passes_good_settings(tmp_path, pair_dir):

@@ -52,8 +52,8 @@ def with_unit(rendered: pp.Rendered, old: str, new: str) -> pp.Rendered:
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda t: with_unit(t, "--max-running-requests 32", "--max-running-requests 8"),
-     "--max-running-requests '8' differs from the example's '32' and testbed.yml does not list it"),
+    (lambda t: with_unit(t, "--max-running-requests 48", "--max-running-requests 8"),
+     "--max-running-requests '8' differs from the example's '48' and testbed.yml does not list it"),
     (lambda t: with_unit(t, "--disable-overlap-schedule \\\n", ""), "flags differ"),
     (lambda t: with_unit(t, "--max-total-tokens 65536", "--max-total-tokens 999"), "does not end with testbed.yml"),
     (lambda t: with_unit(t, "--tp 1", "--tp 2"), "--tp '2' is not testbed.yml's value '1'"),

@@ -79,10 +79,11 @@ def rendered_production_args(algorithm: str = "DDTREE") -> list[str]:
     flags = ["--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6",
              f"--speculative-algorithm {algorithm}",
              "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
-             *ddtree, "--cuda-graph-max-bs-decode 32",
+             *ddtree, "--cuda-graph-max-bs-decode 48",
              "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
-             "--max-running-requests 32", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
-             "--config /etc/k26/k26-ddtree.yaml", "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2"]
+             "--max-running-requests 48", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
+             "--config /etc/k26/k26-ddtree.yaml", "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2",
+             "--watchdog-timeout 1800"]
     return " ".join(flags).split()
 
 
