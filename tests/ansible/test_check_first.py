@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -133,3 +134,20 @@ def test_a_snapshot_redacts_a_urls_password_and_secret_names_but_keeps_the_rest(
     assert "hunter2" not in out and "HTTPS_PROXY=http://ops:<redacted>@proxy.example:3128" in out
     assert "K26_API_KEY=<redacted>" in out and "HF_TOKEN=<redacted>" in out and "DB_PASSWD=<redacted>" in out
     assert "NCCL_P2P_DISABLE=1" in out and "NO_PROXY=localhost" in out
+
+
+def test_a_rollback_without_an_inventory_refuses_another_sites_tag_before_any_connection(tmp_path):
+    """Without -i the run's inventory is ansible.cfg's sandbox: a tag taken on the site's hosts holds
+    no snapshot of the sandbox hosts, and the rollback stops there naming the inventory it used."""
+    repo = tmp_path / "snapshots"
+    (repo / "k26-gpu-01").mkdir(parents=True)
+    (repo / "k26-gpu-01" / "manifest.json").write_text("{}\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "site snapshot"], ["tag", "site-baseline"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    r = run([str(BIN / "ansible-playbook"), "playbooks/rollback.yml", "-e", "snapshot_tag=site-baseline",
+             "-e", f"k26_snapshot_repo={repo}"], tmp_path)
+    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    assert r.returncode != 0 and "unreachable=0" in out
+    assert "snapshot_tag=site-baseline holds no snapshot of sandbox (it holds k26-gpu-01)" in out
+    assert "(ansible.cfg's default, the local sandbox)" in out and "-i inventory/site" in out
