@@ -210,6 +210,11 @@ BAD_PREFLIGHT = [
     ({"k26_api_key": ""}, "k26_api_key is empty: the server would run without authentication"),
     ({"k26_api_key": "short-key"}, "k26_api_key is 9 characters long (the value is not printed): expected at least 16"),
     ({"k26_api_key": "demo-api-key-replace-me"}, "k26_api_key is the demo key of the example vault"),
+    # capacity: what the deploy will need, worked out from the inventory (this machine has far less)
+    ({"k26_release_size_gb": 10**5}, "a new release needs 100000 (k26_release_size_gb)"),
+    ({"k26_jit_cache_gb": 10**5}, "100000 for the JIT caches (k26_jit_cache_gb)"),
+    ({"k26_release_size_gb": 20, "k26_releases_keep": 50}, "less than the 51 releases of 20 GiB the deploy keeps"),
+    ({"k26_min_host_memory_gb": 10**5}, "the load needs 100000 (k26_min_host_memory_gb)"),
 ]
 
 
@@ -221,7 +226,8 @@ STATE_ROOT = Path.home() / ".cache/k26-ddtree/test-state"
 def preflight(tmp: Path, pair_dir: Path, overrides: dict) -> subprocess.CompletedProcess:
     state = STATE_ROOT / tmp.name / "state"
     state.mkdir(parents=True, exist_ok=True)
-    base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_state_dir": str(state),
+    base = {"k26_gpu_required": False, "k26_min_free_disk_gb": 0, "k26_release_size_gb": 0, "k26_jit_cache_gb": 0,
+            "k26_min_host_memory_gb": 0, "k26_state_dir": str(state),
             "k26_model_path": str(pair_dir / "target"), "k26_draft_model_path": str(pair_dir / "draft"),
             "k26_dflash_block_size": 4, "k26_port": 39999, "k26_server_kind": "reference",
             "k26_api_key": "a-test-key-of-24-chars00",
