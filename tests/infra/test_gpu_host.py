@@ -49,6 +49,18 @@ def test_jit_caches_are_owned_by_the_service_user(host, converged):
         assert d.is_directory and d.user == "k26" and d.group == "k26" and d.mode == 0o750, name
 
 
+def test_a_triton_kernel_is_compiled_as_the_service_user_before_the_start(host, converged):
+    """Issue 30: the compiler and headers the JIT builds need are there, proven by compiling one
+    Triton kernel in the release venv as k26 (the CPU-side stages; the launch needs a GPU host)."""
+    out = converged[0].out
+    assert "triton_check: compile: cubin for sm_120" in out
+    assert "triton_check: host build: C extension built and loaded (gcc + Python headers)" in out
+    assert "triton_check: launch: not run: no CUDA GPU visible" in out
+    for package in ("gcc", "g++", "python3-dev"):
+        assert host.package(package).is_installed, package
+    assert host.file("/var/lib/k26/cache/triton").user == "k26"
+
+
 def test_the_report_says_gpu_facts_were_skipped(host, converged):
     report = json.loads(host.file("/var/lib/k26/gpu-host-report.json").content_string)
     assert report["skipped"].startswith("k26_gpu_required is false")
