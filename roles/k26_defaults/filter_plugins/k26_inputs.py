@@ -33,6 +33,10 @@ ENV_VALUE = re.compile(r"[A-Za-z0-9._:/,=@+ -]*")
 API_KEY = re.compile(r"[A-Za-z0-9._~+/=-]+")
 URL = re.compile(r"https?://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})")
 DEVICE = re.compile(r"(char-[a-z0-9_-]+|block-[a-z0-9_-]+|/dev/[A-Za-z0-9._/-]+) [rwm]{1,3}")
+PATH_LIKE = re.compile(r"/[A-Za-z0-9._/-]+")
+APT_PIN = re.compile(r"[a-z0-9][a-z0-9+.-]*=[0-9][A-Za-z0-9.+:~-]*")
+APT_WORD = re.compile(r"\.?/|[A-Za-z0-9][A-Za-z0-9._/-]*")   # a suite or component; a flat repository's ./
+REPO_URI = re.compile(r"(https://|file:///)[A-Za-z0-9._~/:@%+-]+")
 GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 MAX_ARGS = 64
@@ -246,6 +250,33 @@ def _api_keys(value, rule: Mapping) -> str | None:
     return "a key is listed twice" if len(set(value)) != len(value) else None
 
 
+def _apt_source(value, rule: Mapping) -> str | None:
+    """{} or a deb822 source: name, uris (https:// or file:///), suites, components (words), signed_by
+    (an absolute key path or an https URL), optional trusted (the sandbox's local repository only)."""
+    if value == {}:
+        return None
+    if not isinstance(value, Mapping):
+        return "expected a map of deb822 fields, or {}"
+    unknown = sorted(set(value) - {"name", "uris", "suites", "components", "signed_by", "trusted"})
+    if unknown:
+        return f"{unknown[0]} is not one of name, uris, suites, components, signed_by, trusted"
+    if not isinstance(value.get("name"), str) or not UNIX_NAME.fullmatch(value["name"]):
+        return "name: expected a file name of a-z, 0-9, _ and -"
+    uris = value.get("uris")
+    if not isinstance(uris, list) or not uris or not all(isinstance(u, str) and REPO_URI.fullmatch(u) for u in uris):
+        return "uris: expected a list of https:// or file:/// repository URLs"
+    for field in ("suites", "components"):
+        words = value.get(field, [])
+        if not isinstance(words, list) or not all(isinstance(w, str) and APT_WORD.fullmatch(w) for w in words):
+            return f"{field}: expected a list of words"
+    if not value.get("suites"):
+        return "suites: expected at least one suite (a flat repository's is ./)"
+    key = value.get("signed_by", "")
+    if not value.get("trusted") and not (isinstance(key, str) and (REPO_URI.fullmatch(key) or PATH_LIKE.fullmatch(key))):
+        return "signed_by: expected the repository's key (an absolute path or an https URL)"
+    return None
+
+
 CHECKS: dict[str, Callable] = {
     "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "choice": _choice, "args": _args, "env": _env,
     "api_key": _api_key, "api_keys": _api_keys, "list": _list, "url": _url,
@@ -254,6 +285,8 @@ CHECKS: dict[str, Callable] = {
     "model_name": _pattern(MODEL_NAME, "1-128 characters of letters, digits and ._:/- starting with a letter or digit"),
     "unix_name": _pattern(UNIX_NAME, "a user or group name (a-z, 0-9, _ and -, starting with a letter or _)"),
     "version": _pattern(VERSION, "a version such as 580.0"),
+    "apt_pin": _pattern(APT_PIN, "a package pinned as name=version, e.g. nvidia-open=580.95.05-1"),
+    "apt_source": _apt_source,
     "word": _pattern(SAFE_WORD, "one word of letters, digits and ._:/,=@+-"),
 }
 
