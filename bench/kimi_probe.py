@@ -23,7 +23,6 @@ import copy
 import json
 import random
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -162,37 +161,29 @@ def run(args) -> list[dict]:
     chosen = {p.config.name: p for p in probes(args.group, args.arch)}
     servers = {name: harness.Server(p.config, 31400 + i, root / "logs" / f"{name}.log")
                for i, (name, p) in enumerate(chosen.items())}
-    t0 = time.monotonic()
     for name, s in servers.items():
         s.start(root / chosen[name].pair)
     greedy = harness.greedy(48)
     base = prompts(args.prompts)
-    rows, outputs = [], {}
-    try:
-        for name, s in servers.items():
-            ok = s.wait_ready(max(1.0, args.timeout - (time.monotonic() - t0)))
-            row = {"server": name, "pair": chosen[name].pair, "radix": s.config.radix,
-                   "healthy_after_s": round(s.ready_after, 1) if ok else None, "errors": []}
-            if ok:
-                try:
-                    answers = s.complete_all(base, greedy, 4)
-                    bad = [a for a in answers if "output_ids" not in a]
-                    if bad:
-                        raise RuntimeError(str(bad[0])[:300])
-                    outputs[name] = [a["output_ids"] for a in answers]
-                    row["accept_length"] = answers[0]["meta_info"].get("spec_accept_length")
-                    if s.config.radix or name == "none":
-                        again = s.complete_all(radix_prompts(base, outputs[name]), greedy, 4)
-                        outputs[name + "/radix-prompts"] = [a["output_ids"] for a in again]
-                        row["cached_tokens"] = [a["meta_info"].get("cached_tokens") for a in again]
-                except Exception as err:       # a probe: report what broke and go on
-                    row["errors"].append(f"{type(err).__name__}: {str(err)[:300]}")
-            else:
-                row["errors"].append(s.exit_message()[-600:])
-            rows.append(row)
-    finally:
-        for s in servers.values():
-            s.stop()
+    outputs = {}
+
+    def ask(name: str, s: harness.Server, row: dict) -> None:
+        row.update(pair=chosen[name].pair, radix=s.config.radix)
+        answers = s.complete_all(base, greedy, 4)
+        bad = [a for a in answers if "output_ids" not in a]
+        if bad:
+            raise RuntimeError(str(bad[0])[:300])
+        outputs[name] = [a["output_ids"] for a in answers]
+        row["accept_length"] = answers[0]["meta_info"].get("spec_accept_length")
+        if s.config.radix or name == "none":
+            again = s.complete_all(radix_prompts(base, outputs[name]), greedy, 4)
+            outputs[name + "/radix-prompts"] = [a["output_ids"] for a in again]
+            row["cached_tokens"] = [a["meta_info"].get("cached_tokens") for a in again]
+
+    rows = harness.probe_servers(servers, args.timeout, ask)
+    for row in rows:
+        row.setdefault("pair", chosen[row["server"]].pair)
+        row.setdefault("radix", chosen[row["server"]].config.radix)
     for row in rows:
         ref = chosen[row["server"]].reference
         got, want = outputs.get(row["server"]), outputs.get(ref) if ref else None

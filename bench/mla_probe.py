@@ -75,25 +75,14 @@ def main(argv=None) -> int:
     servers = {c.name: harness.Server(c, 31300 + i, args.out / "logs" / f"{c.name}.log") for i, c in enumerate(CONFIGS)}
     for s in servers.values():
         s.start(pair)
-    rows, outputs = [], {}
-    try:
-        for name, s in servers.items():
-            ok = s.wait_ready(args.timeout)
-            row = {"server": name, "healthy_after_s": round(s.ready_after, 1) if ok else None, "errors": []}
-            if ok:
-                try:
-                    answers = s.complete_all(prompts, harness.greedy(64), 4)
-                    outputs[name] = [a["output_ids"] for a in answers]
-                    accept = [a["meta_info"].get("spec_accept_length") for a in answers]
-                    row["accept_length"] = accept[0]
-                except Exception as err:       # a probe: report what broke and go on
-                    row["errors"].append(f"{type(err).__name__}: {str(err)[:300]}")
-            else:
-                row["errors"].append(s.exit_message()[-600:])
-            rows.append(row)
-    finally:
-        for s in servers.values():
-            s.stop()
+    outputs = {}
+
+    def ask(name: str, s: harness.Server, row: dict) -> None:
+        answers = s.complete_all(prompts, harness.greedy(64), 4)
+        outputs[name] = [a["output_ids"] for a in answers]
+        row["accept_length"] = answers[0]["meta_info"].get("spec_accept_length")
+
+    rows = harness.probe_servers(servers, args.timeout, ask)
     base = outputs.get("none")
     for row in rows:
         got = outputs.get(row["server"])

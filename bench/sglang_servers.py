@@ -247,3 +247,26 @@ class Fleet:
     def stop_all(self) -> None:
         for s in self.servers.values():
             s.stop()
+
+
+def probe_servers(servers: dict[str, "Server"], timeout: float, ask) -> list[dict]:
+    """A probe's rows (bench/mla_probe.py, bench/kimi_probe.py): wait for each started server within
+    one shared deadline, then ask(name, server, row) fills its row; a server that did not start, or an
+    ask that raises, is an error in its row and the probe goes on; every server is stopped at the end."""
+    t0, rows = time.monotonic(), []
+    try:
+        for name, s in servers.items():
+            ok = s.wait_ready(max(1.0, timeout - (time.monotonic() - t0)))
+            row = {"server": name, "healthy_after_s": round(s.ready_after, 1) if ok else None, "errors": []}
+            if not ok:
+                row["errors"].append(s.exit_message()[-600:])
+            else:
+                try:
+                    ask(name, s, row)
+                except Exception as err:       # a probe: report what broke and go on
+                    row["errors"].append(f"{type(err).__name__}: {str(err)[:300]}")
+            rows.append(row)
+    finally:
+        for s in servers.values():
+            s.stop()
+    return rows
