@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .conftest import BIN, ROOT
 
-BLOCK = re.compile(r"<!-- site-inventory -->\n```bash\n(.*?)```", re.S)
+BLOCK = re.compile(r"<!-- site-inventory -->\n(?:<!--[^\n]*-->\n)?```bash\n(.*?)```", re.S)
 
 
 def readme_commands() -> list[str]:
