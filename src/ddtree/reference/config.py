@@ -25,9 +25,46 @@ class TargetConfig:
     eos_token_id: int = 257
     model_type: str = "ddtree_reference_target"
     architectures: list[str] = field(default_factory=lambda: ["TargetLM"])
+    # --- DeepSeek-V3 (Kimi K2.6's text model): multi-head latent attention when kv_lora_rank > 0 ---
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_scaling: dict | None = None      # DeepSeek YaRN: type, factor, original_max_position_embeddings, ...
+    # --- its mixture of experts, after the first first_k_dense_replace layers, when n_routed_experts > 0 ---
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    n_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    first_k_dense_replace: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def cache_heads_dim(self) -> tuple[int, int]:
+        """(heads, width) of one layer's KV slots: MLA keeps each head's key (and the value, padded)."""
+        if self.is_mla:
+            return self.num_attention_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.num_key_value_heads, self.head_dim
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.is_mla:     # a Qwen3-style target's config.json keeps its own fields only
+            for name in DEEPSEEK_FIELDS:
+                out.pop(name)
+        return out
+
+
+DEEPSEEK_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_scaling",
+                   "n_routed_experts", "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size",
+                   "first_k_dense_replace", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
 
 
 @dataclass

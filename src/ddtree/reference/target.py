@@ -10,6 +10,7 @@ from torch import nn
 from ddtree.reference.cache import KVCache
 from ddtree.reference.config import TargetConfig
 from ddtree.reference.layers import DecoderBlock, RMSNorm
+from ddtree.reference.mla import MLADecoderLayer
 
 
 @dataclass
@@ -33,14 +34,16 @@ class TargetLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(MLADecoderLayer(cfg, i) if cfg.is_mla else DecoderLayer(cfg)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def new_cache(self, bs: int, slots: int) -> KVCache:
         c = self.config
         p = self.lm_head.weight
-        return KVCache.empty(c.num_hidden_layers, bs, c.num_key_value_heads, slots, c.head_dim, p.device, p.dtype)
+        heads, dim = c.cache_heads_dim
+        return KVCache.empty(c.num_hidden_layers, bs, heads, slots, dim, p.device, p.dtype)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
                 mask: torch.Tensor, capture: tuple[int, ...] = ()) -> TargetOutput:
