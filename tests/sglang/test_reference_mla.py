@@ -122,3 +122,28 @@ def test_cached_decoding_and_a_tree_pass_give_the_sequence_pass_logits():
                  for i in range(30, 40)]
     assert (prefill.logits - whole[:, :30]).abs().max().item() < 1e-8          # float64 summation order only
     assert (torch.cat(steps, dim=1) - whole[:, 30:]).abs().max().item() < 1e-8
+
+
+def test_the_export_loads_in_hugging_face_with_the_same_logits(tmp_path):
+    """ddtree.reference.export writes the MLA target under DeepseekV3ForCausalLM's checkpoint names
+    (routed experts one by one, as Kimi's checkpoint has them): Hugging Face's own loader reads it
+    with no missing or unexpected weight and gives the reference's logits."""
+    from transformers import DeepseekV3ForCausalLM
+
+    from ddtree.reference.config import DraftConfig
+    from ddtree.reference.export import export_pair
+    from ddtree.reference.pair import init_pair
+
+    cfg = kimi_shaped(vocab_size=260, bos_token_id=256, eos_token_id=257)
+    draft = DraftConfig(hidden_size=cfg.hidden_size, block_size=4, target_layer_ids=[0, 1], mask_token_id=258)
+    pair = init_pair(cfg, draft, seed=5, std=0.05)
+    export_pair(pair, tmp_path, dtype="float32")
+    hf, info = DeepseekV3ForCausalLM.from_pretrained(tmp_path / "target", torch_dtype=torch.float32,
+                                                     output_loading_info=True, attn_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    tokens = torch.randint(0, 256, (1, 48), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        theirs = hf.eval()(input_ids=tokens).logits
+        mine = pair.target.eval().forward_sequence(tokens).logits
+    assert (mine - theirs).abs().max().item() < 1e-3
+    assert torch.equal(mine.argmax(-1), theirs.argmax(-1))

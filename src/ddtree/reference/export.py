@@ -2,7 +2,9 @@
 
 Writes a reference pair (DIR/target + DIR/draft, as bench/train_pair.py or ddtree.reference.init
 write them) in the checkpoint formats SGLang 0.5.23 loads, with no code of SGLang's:
-  OUT/target  Qwen3ForCausalLM: config.json (model_type qwen3) + model.safetensors with the
+  OUT/target  an MLA target (Kimi K2.6's text model, ddtree.reference.mla): DeepseekV3ForCausalLM, or
+              with --kimi-wrapper KimiK25ForConditionalGeneration (the same tensors under language_model.);
+              a Qwen3-style one: Qwen3ForCausalLM: config.json (model_type qwen3) + model.safetensors with the
               Hugging Face names (model.embed_tokens, model.layers.i.self_attn.{q,k,v,o}_proj,
               .{q,k}_norm, .input_layernorm, .post_attention_layernorm, .mlp.{gate,up,down}_proj,
               model.norm, lm_head);
@@ -43,10 +45,50 @@ def _common(cfg, dtype: str, vocab_size: int) -> dict:
             "tie_word_embeddings": False, "torch_dtype": dtype}
 
 
-def target_config(cfg: TargetConfig, dtype: str) -> dict:
+def target_config(cfg: TargetConfig, dtype: str, wrapper: bool = False) -> dict:
+    if cfg.is_mla:
+        return kimi_config(cfg, dtype) if wrapper else deepseek_config(cfg, dtype)
     return {**_common(cfg, dtype, cfg.vocab_size), "architectures": ["Qwen3ForCausalLM"],
             "num_hidden_layers": cfg.num_hidden_layers, "max_position_embeddings": cfg.max_position_embeddings,
             "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
+
+
+def deepseek_config(cfg: TargetConfig, dtype: str) -> dict:
+    """DeepseekV3ForCausalLM's config.json (Kimi K2.6's text model): MLA, the noaux_tc MoE, YaRN."""
+    out = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": dtype,
+           "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+           "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+           "num_key_value_heads": cfg.num_attention_heads, "max_position_embeddings": cfg.max_position_embeddings,
+           "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
+           "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": cfg.bos_token_id,
+           "eos_token_id": cfg.eos_token_id, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+           "moe_layer_freq": 1, "num_nextn_predict_layers": 0}
+    for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                 "n_routed_experts", "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size",
+                 "first_k_dense_replace", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor"):
+        out[name] = getattr(cfg, name)
+    if cfg.rope_scaling:
+        out["rope_scaling"] = dict(cfg.rope_scaling)
+    return out
+
+
+# the vision tower as small as SGLang 0.5.23's KimiK25 classes take (no image is sent to the test pair);
+# its weights are left out of the checkpoint (SGLang loads the language model's and leaves these)
+KIMI_VISION = {"patch_size": 14, "init_pos_emb_height": 8, "init_pos_emb_width": 8, "init_pos_emb_time": 4,
+               "pos_emb_type": "divided_fixed", "num_attention_heads": 2, "num_hidden_layers": 1, "hidden_size": 64,
+               "intermediate_size": 128, "vt_num_attention_heads": 2, "vt_num_hidden_layers": 1, "vt_hidden_size": 64,
+               "vt_intermediate_size": 128, "merge_kernel_size": [2, 2], "video_attn_type": "spatial_temporal",
+               "merge_type": "sd2_tpool", "mm_projector_type": "patchmerger", "mm_hidden_size": 64,
+               "projector_hidden_act": "gelu", "projector_ln_eps": 1e-5}
+
+
+def kimi_config(cfg: TargetConfig, dtype: str) -> dict:
+    """KimiK25ForConditionalGeneration's config.json: the DeepSeek-V3 text model (model_type kimi_k2,
+    as Kimi-K2.5's published config) inside the vision wrapper."""
+    text = {**deepseek_config(cfg, dtype), "model_type": "kimi_k2"}
+    return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "torch_dtype": dtype,
+            "text_config": text, "vision_config": {**KIMI_VISION, "text_hidden_size": cfg.hidden_size},
+            "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "tie_word_embeddings": False}
 
 
 def draft_config(cfg: DraftConfig, target: TargetConfig, dtype: str) -> dict:
@@ -73,13 +115,36 @@ def _block_tensors(prefix: str, layer) -> dict[str, torch.Tensor]:
     return {f"{prefix}{name}": t for name, t in named.items()}
 
 
-def target_tensors(pair: Pair) -> dict[str, torch.Tensor]:
+def _mla_block_tensors(prefix: str, layer) -> dict[str, torch.Tensor]:
+    """A DeepSeek-V3 layer under its checkpoint names: MLA, then a dense MLP or the MoE (router,
+    correction bias, each routed expert, the shared expert)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    named = {"input_layernorm.weight": layer.input_layernorm.weight,
+             "post_attention_layernorm.weight": layer.post_attention_layernorm.weight}
+    for name in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"):
+        named[f"self_attn.{name}.weight"] = getattr(attn, name).weight
+    mlps = {"mlp": mlp} if not hasattr(mlp, "experts") else {
+        **{f"mlp.experts.{e}": expert for e, expert in enumerate(mlp.experts)}, "mlp.shared_experts": mlp.shared_experts}
+    for where, block in mlps.items():
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            named[f"{where}.{name}.weight"] = getattr(block, name).weight
+    if hasattr(mlp, "gate"):
+        named["mlp.gate.weight"] = mlp.gate.weight
+        named["mlp.gate.e_score_correction_bias"] = mlp.gate.e_score_correction_bias
+    return {f"{prefix}{name}": t for name, t in named.items()}
+
+
+def target_tensors(pair: Pair, wrapper: bool = False) -> dict[str, torch.Tensor]:
+    """The target's checkpoint tensors; an MLA target's under DeepseekV3ForCausalLM's names, prefixed
+    `language_model.` inside the Kimi wrapper (which strips it before the language model loads them)."""
     t = pair.target
+    prefix = "language_model." if wrapper and t.config.is_mla else ""
+    block = _mla_block_tensors if t.config.is_mla else _block_tensors
     out = {"model.embed_tokens.weight": t.embed_tokens.weight, "model.norm.weight": t.norm.weight,
            "lm_head.weight": t.lm_head.weight}
     for i, layer in enumerate(t.layers):
-        out.update(_block_tensors(f"model.layers.{i}.", layer))
-    return out
+        out.update(block(f"model.layers.{i}.", layer))
+    return {prefix + name: tensor for name, tensor in out.items()}
 
 
 def draft_tensors(pair: Pair) -> dict[str, torch.Tensor]:
@@ -97,10 +162,11 @@ def _write(directory: Path, config: dict, tensors: dict[str, torch.Tensor], dtyp
     save_file(data, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 
-def export_pair(pair: Pair, out: Path, dtype: str = "bfloat16") -> None:
+def export_pair(pair: Pair, out: Path, dtype: str = "bfloat16", wrapper: bool = False) -> None:
+    """wrapper: an MLA target as KimiK25ForConditionalGeneration (else DeepseekV3ForCausalLM)."""
     out = Path(out)
     draft_cfg = draft_config(pair.draft.config, pair.target.config, dtype)   # checks before writing anything
-    _write(out / "target", target_config(pair.target.config, dtype), target_tensors(pair), DTYPES[dtype])
+    _write(out / "target", target_config(pair.target.config, dtype, wrapper), target_tensors(pair, wrapper), DTYPES[dtype])
     _write(out / "draft", draft_cfg, draft_tensors(pair), DTYPES[dtype])
     write_hf_tokenizer(pair.tokenizer, out / "target", pair.target.config.max_position_embeddings)
 
@@ -110,9 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pair", required=True, help="reference pair directory (target/ and draft/ inside)")
     ap.add_argument("--out", required=True, help="output directory (target/ and draft/ in SGLang's formats)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    ap.add_argument("--kimi-wrapper", action="store_true",
+                    help="an MLA target as KimiK25ForConditionalGeneration (default: DeepseekV3ForCausalLM)")
     args = ap.parse_args(argv)
-    export_pair(load_pair(args.pair), Path(args.out), args.dtype)
-    print(f"exported {args.pair} to {args.out} (Qwen3ForCausalLM + DFlashDraftModel, {args.dtype}; byte tokenizer.json "
+    pair = load_pair(args.pair)
+    export_pair(pair, Path(args.out), args.dtype, args.kimi_wrapper)
+    arch = target_config(pair.target.config, args.dtype, args.kimi_wrapper)["architectures"][0]
+    print(f"exported {args.pair} to {args.out} ({arch} + DFlashDraftModel, {args.dtype}; byte tokenizer.json "
           "with a chat template)")
     return 0
 
