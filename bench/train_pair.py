@@ -77,6 +77,20 @@ SIZES = {
                  num_key_value_heads=4, head_dim=64, target_layer_ids=[1, 4, 6], draft_layers=2),
     "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=64, target_layer_ids=[1, 3, 4], draft_layers=2),
+    # Kimi K2.6's shapes scaled down (issue 31): its text model's MLA at its own latent widths (SGLang's
+    # Triton MLA decode kernel is built for kv_lora_rank 512 + rope 64), YaRN factor 64 over 4,096, one dense
+    # layer then MoE (8 routed experts, top 2, one shared, noaux_tc); the draft keeps z-lab's Kimi DFlash
+    # layout in proportion (8 : 1 query : KV heads, six target layers below the last one)
+    "kimi": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
+                 num_key_value_heads=4, head_dim=192, target_layer_ids=[0, 1, 2, 3, 5, 6], draft_layers=2,
+                 target_extra=dict(q_lora_rank=192, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                   v_head_dim=128, rope_theta=50000.0, n_routed_experts=8, num_experts_per_tok=2,
+                                   n_shared_experts=1, moe_intermediate_size=256, first_k_dense_replace=1,
+                                   routed_scaling_factor=2.827,
+                                   rope_scaling={"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
+                                                 "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0,
+                                                 "mscale_all_dim": 1.0}),
+                 draft_extra=dict(num_attention_heads=8, num_key_value_heads=1, head_dim=32)),
 }
 MAX_MINUTES = {"cuda": 8.0, "cpu": 90.0}   # GPU device time is the scarce budget
 
@@ -84,10 +98,11 @@ MAX_MINUTES = {"cuda": 8.0, "cpu": 90.0}   # GPU device time is the scarce budge
 def configs(block_size: int, size: str = "h200") -> tuple[TargetConfig, DraftConfig]:
     s = dict(SIZES[size])
     layer_ids, draft_layers = s.pop("target_layer_ids"), s.pop("draft_layers")
-    target = TargetConfig(**s, max_position_embeddings=2048)
+    target_extra, draft_extra = s.pop("target_extra", {}), s.pop("draft_extra", {})
+    target = TargetConfig(**{**s, **target_extra}, max_position_embeddings=2048)
     s.pop("num_hidden_layers")
-    draft = DraftConfig(**s, num_hidden_layers=draft_layers, block_size=block_size, target_layer_ids=layer_ids,
-                        mask_token_id=TOK.mask_token_id)
+    draft = DraftConfig(**{**s, **draft_extra}, num_hidden_layers=draft_layers, block_size=block_size,
+                        target_layer_ids=layer_ids, mask_token_id=TOK.mask_token_id)
     return target, draft
 
 

@@ -120,6 +120,8 @@ class LatentAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q [bs, H, T, qk], k/v [bs, H, S, qk], mask bool [bs, T, S] (True = visible) -> [bs, T, hidden]."""
+        if torch.is_grad_enabled():     # training: k/v are views of the cache the next layers write into
+            k, v = k.clone(), v.clone()
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=self.scale)   # [bs, H, T, qk]
         bs, _, t, _ = out.shape
         return self.o_proj(out[..., : self.v_dim].transpose(1, 2).reshape(bs, t, self.heads * self.v_dim))
