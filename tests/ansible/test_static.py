@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -257,15 +258,33 @@ def test_preflight_passes_good_settings(tmp_path, pair_dir):
     assert r.returncode == 0, r.stdout[-3000:]
 
 
-def test_preflight_passes_sglang_with_the_chain(tmp_path, pair_dir):
+@pytest.fixture(scope="module")
+def sglang_pair_dir(pair_dir, tmp_path_factory) -> Path:
+    """The tiny pair with its draft on target layer 0 only: SGLang captures layer k's output as the
+    input of layer k + 1, so a draft of an SGLang server reads layers below the last one."""
+    out = tmp_path_factory.mktemp("sglang-pair")
+    shutil.copytree(pair_dir, out, dirs_exist_ok=True)
+    draft = json.loads((out / "draft/config.json").read_text())
+    draft["dflash_config"]["target_layer_ids"] = [0]
+    (out / "draft/config.json").write_text(json.dumps(draft))
+    return out
+
+
+def test_preflight_passes_sglang_with_the_chain(tmp_path, sglang_pair_dir):
+    r = preflight(tmp_path, sglang_pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DFLASH"})
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_preflight_passes_sglang_with_ddtree(tmp_path, sglang_pair_dir):
+    r = preflight(tmp_path, sglang_pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE",
+                                              "k26_ddtree_budget": 3, "k26_ddtree_topk_cap": 1})
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_preflight_refuses_an_sglang_draft_on_the_targets_last_layer(tmp_path, pair_dir):
     r = preflight(tmp_path, pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DFLASH"})
-    assert r.returncode == 0, r.stdout[-3000:]
-
-
-def test_preflight_passes_sglang_with_ddtree(tmp_path, pair_dir):
-    r = preflight(tmp_path, pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE",
-                                       "k26_ddtree_budget": 3, "k26_ddtree_topk_cap": 1})
-    assert r.returncode == 0, r.stdout[-3000:]
+    out = re.sub(r"\s+", " ", r.stdout)
+    assert r.returncode != 0 and "target_layer_ids [1] are not below the target's last layer (2 layers)" in out
 
 
 def test_preflight_knows_what_the_plugin_can_decode():
