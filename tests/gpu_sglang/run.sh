@@ -9,7 +9,9 @@
 #       (requirements/gateway.txt), carried whole in .whl/ or in parts (SMG_PARTS: smg.part* +
 #       smg.name, see tools/fetch_smg_wheel.sh), installed with --target into K26_GATEWAY_SITE
 # Installs the project into the test bed's site (its entry point is how SGLang finds the plugin),
-# trains the byte-level pair when none is there (bench/train_pair.py --size small, TRAIN_MINUTES;
+# trains the byte-level pair when none is there (bench/train_pair.py --size $SIZE: small by default, kimi for
+# Kimi K2.6's shapes - MLA + MoE + YaRN, exported as DeepseekV3ForCausalLM, EXPORT_ARGS=--kimi-wrapper for the
+# KimiK25 wrapper; each size in a folder of its own; TRAIN_MINUTES;
 # BLOCKS=8,16 adds a block-16 draft of the same target, served as draft16: configurations -k16),
 # exports it to SGLang's formats and runs tests/gpu_sglang, which start one server per
 # configuration (SGLANG_DDTREE_START: the ones started together first) and print a PASS/FAIL table.
@@ -19,7 +21,8 @@ set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here"
 . .gpu-bundles/bin/env.sh
-WORK=${WORK:-$SGLANG_TESTBED/ddtree}; OUTDIR=${OUTDIR:-$WORK/out}; mkdir -p "$WORK" "$OUTDIR"
+SIZE=${SIZE:-small}
+WORK=${WORK:-$SGLANG_TESTBED/ddtree$([ "$SIZE" = small ] || echo "-$SIZE")}; OUTDIR=${OUTDIR:-$WORK/out}; mkdir -p "$WORK" "$OUTDIR"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ -n "${UNPACK:-}" ]; then
   for name in pair jit; do
@@ -35,10 +38,10 @@ BLOCKS=${BLOCKS:-8}            # draft block sizes of the pair: 8, or 8,16 for a
 missing=0
 for b in ${BLOCKS//,/ }; do [ -f "$WORK/pair/b$b/draft/model.safetensors" ] || missing=1; done
 if [ $missing = 1 ]; then
-  python3 bench/train_pair.py --out "$WORK/pair" --size small --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes "$BLOCKS" \
+  python3 bench/train_pair.py --out "$WORK/pair" --size "$SIZE" --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes "$BLOCKS" \
     --prompts 32 --device cuda | grep -E "held-out|steps in|corpus" || exit 1
 fi
-python3 -m ddtree.reference.export --pair "$WORK/pair/b8" --out "$WORK/sglang-pair" || exit 1
+python3 -m ddtree.reference.export --pair "$WORK/pair/b8" --out "$WORK/sglang-pair" ${EXPORT_ARGS:-} || exit 1
 if [ -f "$WORK/pair/b16/draft/model.safetensors" ]; then      # the same target: only its draft is added
   python3 -m ddtree.reference.export --pair "$WORK/pair/b16" --out "$WORK/sglang-pair16" || exit 1
   ln -sfn "$WORK/sglang-pair16/draft" "$WORK/sglang-pair/draft16"
