@@ -5,8 +5,10 @@
         command line or the environment (smg's own CLI takes keys only as arguments).
     k26_gateway.py check --config FILE
         read and check the file (the deploy validates a new file with it before it replaces the old)
-    k26_gateway.py pool --config FILE status
-    k26_gateway.py pool --config FILE take-out URL [--timeout S]
+    k26_gateway.py pool --config FILE [--record DIR] status
+        every worker as smg reports it, and (with --record) every worker taken out and not put back
+        since, with who took it out and when (a run that ended before its put-back leaves one)
+    k26_gateway.py pool --config FILE [--record DIR --reason TEXT] take-out URL [--timeout S]
         DELETE /workers/{id}: smg marks the worker "draining", lets its in-flight requests finish
         and then drops it; this waits until it is gone (so nothing is routed to it any more).
     k26_gateway.py pool --config FILE put-back URL [--timeout S]
@@ -274,10 +276,35 @@ class Worker:
 
 
 class Pool:
-    """The gateway's worker API (admin key)."""
+    """The gateway's worker API (admin key); with `record`, a folder that remembers each worker taken
+    out until it is put back (the reason a worker is out survives the run that took it out)."""
 
-    def __init__(self, cfg: GatewayConfig, sleep=time.sleep, clock=time.monotonic):
-        self.cfg, self.sleep, self.clock = cfg, sleep, clock
+    def __init__(self, cfg: GatewayConfig, sleep=time.sleep, clock=time.monotonic, record: str | None = None):
+        self.cfg, self.sleep, self.clock, self.record = cfg, sleep, clock, record
+
+    def _record_path(self, url: str):
+        import hashlib
+        import pathlib
+
+        return pathlib.Path(self.record) / (hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16] + ".json")
+
+    def remember_out(self, url: str, reason: str) -> None:
+        if not self.record:
+            return
+        path = self._record_path(url)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.write_text(json.dumps({"url": url.rstrip("/"), "reason": reason,
+                                    "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+
+    def forget_out(self, url: str) -> None:
+        if self.record:
+            self._record_path(url).unlink(missing_ok=True)
+
+    def out_records(self) -> list[dict]:
+        import pathlib
+
+        folder = pathlib.Path(self.record) if self.record else None
+        return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder and folder.is_dir() else []
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         req = urllib.request.Request(self.cfg.url + path, method=method,
@@ -323,8 +350,9 @@ class Pool:
             if err.status != 409 or "WORKER_CREATE_IN_PROGRESS" not in err.body:
                 raise
 
-    def take_out(self, url: str, timeout: float) -> str:
+    def take_out(self, url: str, timeout: float, reason: str = "taken out") -> str:
         """Drain and drop `url`: it gets no new request, its in-flight ones finish. Idempotent."""
+        self.remember_out(url, reason)       # first: a run that dies during the drain leaves the reason
         worker = self.find(url)
         if worker is None:
             return f"{url} is not in the pool"
@@ -355,13 +383,19 @@ class Pool:
                                    "the host's k26_api_key differs from the api_key in the gateway's file; deploy the "
                                    "gateway with the host's key (playbooks: the key rotation in the README)") from None
             raise
+        self.forget_out(url)
         return f"{url} in the pool"
 
     def status(self) -> list[dict]:
         """Every worker as smg reports it, plus whether it accepts the gateway's key ("authorized"):
         smg's health check (/health) needs no key, so a host whose key differs is healthy and ready
         to smg while every routed request gets 401."""
-        return [{**w.__dict__, "authorized": authorized(w.url, self.cfg.api_key)} for w in self.workers()]
+        present = [{**w.__dict__, "authorized": authorized(w.url, self.cfg.api_key)} for w in self.workers()]
+        seen = {w["url"] for w in present}
+        out = [{"url": r["url"], "status": "out", "healthy": False, "authorized": False,
+                "reason": f"{r['reason']} at {r['since']}, not put back since"}
+               for r in self.out_records() if r["url"] not in seen]
+        return present + out
 
 
 def key_status(url: str, api_key: str, timeout: float = 10) -> int | str:
@@ -414,6 +448,8 @@ def main(argv=None) -> int:
     p.add_argument("action", choices=("status", "take-out", "put-back"))
     p.add_argument("url", nargs="?")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--record", help="folder remembering workers taken out until put back (the gateway role's)")
+    p.add_argument("--reason", default="taken out", help="who takes the worker out, kept in --record")
     q = sub.add_parser("probe", help="completions through the gateway with the clients' key")
     q.add_argument("--config", required=True)
     q.add_argument("--model", required=True)
@@ -431,13 +467,14 @@ def main(argv=None) -> int:
             result = probe(cfg, args.model, args.requests)
             print(json.dumps(result))
             return 0 if result["answered"] == result["sent"] else 1
-        pool = Pool(cfg)
+        pool = Pool(cfg, record=args.record)
         if args.action == "status":
             print(json.dumps(pool.status(), indent=1))
             return 0
         if not args.url:
             ap.error(f"pool {args.action} needs the worker URL")
-        print(pool.take_out(args.url, args.timeout) if args.action == "take-out" else pool.put_back(args.url, args.timeout))
+        print(pool.take_out(args.url, args.timeout, args.reason) if args.action == "take-out"
+              else pool.put_back(args.url, args.timeout))
         return 0
     except (GatewayConfigError, TimeoutError, RuntimeError) as err:
         print(f"k26_gateway: {err}", file=sys.stderr)

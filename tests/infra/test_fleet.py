@@ -8,7 +8,9 @@ of the fleet would, while the playbooks change the hosts behind it.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from .conftest import deploy, guest
+from .conftest import BIN, ROOT, deploy, guest
 
 GATEWAY = "http://127.0.0.1:30080"
 API_KEY = "sandbox-demo-key"
@@ -304,3 +306,39 @@ def test_a_key_rotation_behind_the_gateway_fails_no_request_and_restarts_no_gate
     finally:
         back = deploy(fleet=True)                   # the inventory's key again, for the tests after this one
         assert back.rc == 0, back.out[-5000:]
+
+
+def test_a_host_lost_mid_roll_is_reported_out_and_the_next_roll_puts_it_back(fleet, tmp_path):
+    """The second host's SSH sessions die while it waits for its restarted server: Ansible calls it
+    unreachable and ends the run with no rescue and no always (it does for any host lost mid-roll).
+    What that leaves, and what heals it: the gateway's pool names the host as out and who took it out;
+    the next roll from this controller takes the dead run's fleet lock over and puts the host back;
+    clients never see a failed request."""
+    from .crash.harness import PLUGINS
+
+    drop = ("bash -c \"K26_SANDBOX_HOST=k26-sandbox-2 tools/sandbox.sh exec pkill -KILL -f '^sshd: root@'; true\"")
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_HOME": str(tmp_path / "home"),
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_CALLBACK_PLUGINS": str(PLUGINS),
+           "ANSIBLE_CALLBACKS_ENABLED": "k26_crash", "K26_CRASH_MODE": "ssh-drop", "K26_CRASH_DROP_CMD": drop,
+           "K26_CRASH_AT_NAME": "Send smoke chat completions", "K26_CRASH_AT_NAME_NTH": "2"}
+    new = 20 if budget("sandbox") != 20 else 16
+    with Traffic() as traffic:
+        lost = subprocess.run([str(BIN / "ansible-playbook"), "deploy.yml", "-e", f"k26_ddtree_budget={new}"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=1800)
+        assert lost.returncode != 0 and "UNREACHABLE" in lost.stdout, lost.stdout[-3000:]
+        out = {w["url"]: w for w in pool_with_record() if w["status"] == "out"}
+        assert SERVERS["sandbox2"][1] in out and "Deploy k26-ddtree by " in out[SERVERS["sandbox2"][1]]["reason"], out
+        assert not fleet_lock_free()                             # the dead run's: the next roll takes it over
+        healed = deploy("-e", f"k26_ddtree_budget={new}", fleet=True)
+    assert healed.rc == 0, healed.out[-4000:]
+    assert re.search(r"is out of the pool: Deploy k26-ddtree by \S+ at \S+, not put back since", healed.out)
+    assert {name: budget(name) for name in SERVERS} == {"sandbox": new, "sandbox2": new}
+    assert all(ready(url) for _, url in SERVERS.values()) and fleet_lock_free()
+    assert not [w for w in pool_with_record() if w["status"] == "out"]
+    assert traffic.failures == [] and traffic.ok > 20, (traffic.ok, traffic.failures[:5])
+
+
+def pool_with_record() -> list[dict]:
+    r = guest(f"{TOOL} pool --config /etc/k26-gateway/gateway.yaml --record /opt/k26-gateway/state/out status",
+              host="k26-gateway", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else []

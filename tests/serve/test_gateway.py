@@ -267,3 +267,23 @@ def test_a_stopped_worker_leaves_rotation_within_the_health_checks(fleet):
     took = time.time() - t0
     assert all(fleet.complete().status_code == 200 for _ in range(4))
     assert took <= HEALTH_INTERVAL * FAILURES + 10
+
+
+def test_a_worker_taken_out_and_not_put_back_is_reported_out_with_who_took_it_out(fleet, tmp_path):
+    """A run that ends between its take-out and its put-back (a host lost mid-roll ends an Ansible run
+    without its rescue) leaves the worker out: `status --record` names it and why until a put-back."""
+    record = tmp_path / "out"
+    url = fleet.workers[0].url
+
+    def pool(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([fleet.python, str(SCRIPT), "pool", "--config", str(fleet.config), "--record", str(record),
+                               *args], capture_output=True, text=True, timeout=180)
+
+    assert pool("--reason", "Deploy k26-ddtree by ops@controller", "take-out", url).returncode == 0
+    out = [w for w in json.loads(pool("status").stdout) if w["status"] == "out"]
+    assert [w["url"] for w in out] == [url]
+    assert out[0]["reason"].startswith("Deploy k26-ddtree by ops@controller at ") and "not put back since" in out[0]["reason"]
+    assert not out[0]["healthy"] and not out[0]["authorized"]
+    assert pool("put-back", url).returncode == 0
+    assert not [w for w in json.loads(pool("status").stdout) if w["status"] == "out"]
+    assert not list(record.iterdir())

@@ -1,5 +1,6 @@
 """Test-only callback: interrupt this ansible-playbook at the start of task number K26_CRASH_AT
-(1-based, counted over the whole run) or of the first task whose name contains K26_CRASH_AT_NAME.
+(1-based, counted over the whole run) or of the K26_CRASH_AT_NAME_NTH-th (default first) task whose
+name contains K26_CRASH_AT_NAME.
 
 K26_CRASH_MODE chooses how:
 - kill (default): SIGKILL of the run's whole process group, the way an operator's Ctrl-C twice, an
@@ -44,12 +45,19 @@ class CallbackModule(CallbackBase):
         at = os.environ.get("K26_CRASH_AT", "")
         self.at = int(at) if at.isdigit() else 0
         self.at_name = os.environ.get("K26_CRASH_AT_NAME", "")
+        self.nth = int(os.environ.get("K26_CRASH_AT_NAME_NTH", "1"))   # the nth task of that name (a later host's)
+        self.seen = 0
         self.mode = os.environ.get("K26_CRASH_MODE", "kill")
         self.drop_cmd = shlex.split(os.environ.get("K26_CRASH_DROP_CMD", ""))
         self.drop_delay = float(os.environ.get("K26_CRASH_DROP_DELAY", "1.0"))
 
     def _chosen(self, name: str) -> bool:
-        return not self.fired and ((self.at and self.started == self.at) or (self.at_name and self.at_name in name))
+        if self.fired:
+            return False
+        if self.at_name and self.at_name in name:
+            self.seen += 1
+            return self.seen == self.nth
+        return bool(self.at and self.started == self.at)
 
     def v2_playbook_on_task_start(self, task, is_conditional):
         self.started += 1
