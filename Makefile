@@ -15,9 +15,12 @@ SGLANG_VENV := $(CACHE)/venv-sglang-$(SGLANG_HASH)
 GATEWAY_HASH := $(shell cat requirements/gateway.lock | sha256sum | cut -c1-12)
 GATEWAY_VENV := $(CACHE)/venv-gateway-$(GATEWAY_HASH)
 SANDBOX_MODEL := $(CACHE)/models/tiny-seed0
+# promtool of Debian 12's Prometheus (the version the monitoring role installs), for the alert rules' tests
+PROMETHEUS_DEB := 2.42.0+ds-5+deb12u1
+PROMTOOL := $(CACHE)/prometheus-$(PROMETHEUS_DEB)/usr/bin/promtool
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: lock check-locks crash-test help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
+.PHONY: promtool lock check-locks crash-test help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
@@ -54,6 +57,16 @@ $(SGLANG_VENV)/.ready:
 	$(SGLANG_VENV)/bin/python -c "import sglang.srt.server_args"
 	touch $@
 
+# the Debian package unpacked into the cache (no service, nothing installed on this machine)
+$(PROMTOOL):
+	rm -rf $(CACHE)/prometheus-deb && mkdir -p $(CACHE)/prometheus-deb
+	cd $(CACHE)/prometheus-deb && (apt-get download prometheus=$(PROMETHEUS_DEB) 2>/dev/null \
+		|| (apt-get update -q >/dev/null && apt-get download prometheus=$(PROMETHEUS_DEB)))
+	dpkg-deb -x $(CACHE)/prometheus-deb/prometheus_*.deb $(CACHE)/prometheus-$(PROMETHEUS_DEB)
+	$(PROMTOOL) --version >/dev/null
+
+promtool: $(PROMTOOL)
+
 sglang-venv: $(SGLANG_VENV)/.ready
 	$(SGLANG_VENV)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" || true
 
@@ -69,8 +82,8 @@ $(GATEWAY_VENV)/.ready:
 
 gateway-venv: $(GATEWAY_VENV)/.ready
 
-test-fast: venv gateway-venv
-	K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
+test-fast: venv gateway-venv promtool
+	K26_PROMTOOL=$(PROMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
 
 test-sglang: sglang-venv
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
@@ -78,7 +91,7 @@ test-sglang: sglang-venv
 # Two lanes at once: the sandbox lane (tests/infra: mostly waiting on ssh, systemd and health
 # checks) and the CPU lane (everything else, then the SGLang contract tests). Each lane's output
 # is printed as a whole when it ends (make -O); the test fails when either lane fails.
-test: venv sandbox sglang-venv gateway-venv
+test: venv sandbox sglang-venv gateway-venv promtool
 	$(MAKE) --no-print-directory -j2 -O test-sandbox-lane test-cpu-lane
 
 test-sandbox-lane:
@@ -86,7 +99,7 @@ test-sandbox-lane:
 
 # the CPU lane runs at a lower priority: the sandbox lane is the longer one (its waits are timed)
 test-cpu-lane:
-	K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -p no:cacheprovider $(PYTEST_ARGS)
+	K26_PROMTOOL=$(PROMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -p no:cacheprovider $(PYTEST_ARGS)
 	nice -n 10 $(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
 $(SANDBOX_MODEL)/target/config.json: | venv
