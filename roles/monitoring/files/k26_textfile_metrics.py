@@ -1,0 +1,165 @@
+"""The host's own metrics for Prometheus, as node exporter textfiles (run by k26-metrics.timer as
+root; each file written whole, then renamed, so a scrape never reads half of one).
+
+    k26_textfile_metrics.py --out DIR --config FILE
+
+k26-gpu.prom      from `nvidia-smi --query-gpu` (temperature, power, memory, ECC, clocks, throttle
+                  reasons) and the kernel log's `NVRM: Xid` lines, counted by code since boot; a host
+                  without nvidia-smi gets k26_gpu_collector_skipped{reason=...} 1 instead.
+k26-state.prom    the deploy locks (held, since how long, their TTL: k26_maintenance is 1 while the
+                  host lock is held - a deploy, sweep or validation is changing the host), the used share
+                  of the snapshot folders' disks, the alert thresholds and, on a gateway host, the
+                  workers it must route to (from FILE, which the monitoring role writes from the inventory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+GPU_FIELDS = ("index", "name", "temperature.gpu", "power.draw", "memory.used", "memory.total",
+              "ecc.errors.uncorrected.volatile.total", "ecc.errors.corrected.volatile.total", "clocks.sm",
+              "clocks_throttle_reasons.active")
+XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)")
+HOLDER = re.compile(r"^(?P<token>[0-9a-f]+) (?P<owner>\S+) controller-pid (?P<pid>\S+) since (?P<since>\S+) ttl (?P<ttl>\d+)")
+
+
+def line(name: str, labels: dict, value) -> str:
+    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+                     for k, v in labels.items())
+    return f"{name}{{{inner}}} {value}"
+
+
+def number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None          # "[N/A]", "[Not Supported]"
+
+
+# --- GPUs ---------------------------------------------------------------------------------------
+
+def gpu_lines(smi: str | None, kernel_log: str) -> list[str]:
+    """Prometheus lines of the GPUs (nvidia-smi's CSV) and of the kernel log's Xid lines."""
+    if smi is None:
+        return [line("k26_gpu_collector_skipped", {"reason": "no nvidia-smi on this host"}, 1)]
+    out = [line("k26_gpu_collector_skipped", {"reason": ""}, 0)]
+    names = {"temperature.gpu": "k26_gpu_temperature_celsius", "power.draw": "k26_gpu_power_watts",
+             "memory.used": "k26_gpu_memory_used_mib", "memory.total": "k26_gpu_memory_total_mib",
+             "ecc.errors.uncorrected.volatile.total": "k26_gpu_ecc_uncorrected_errors",
+             "ecc.errors.corrected.volatile.total": "k26_gpu_ecc_corrected_errors", "clocks.sm": "k26_gpu_sm_clock_mhz"}
+    for row in smi.strip().splitlines():
+        cells = dict(zip(GPU_FIELDS, (c.strip() for c in row.split(","))))
+        labels = {"gpu": cells["index"], "name": cells["name"]}
+        for field, metric in names.items():
+            value = number(cells.get(field, ""))
+            if value is not None:
+                out.append(line(metric, labels, value))
+        reasons = cells.get("clocks_throttle_reasons.active", "")
+        if reasons.startswith("0x"):
+            out.append(line("k26_gpu_throttle_reasons", labels, int(reasons, 16)))
+    counts: dict[tuple[str, str], int] = {}
+    for m in XID.finditer(kernel_log):
+        key = (m["pci"].lower(), m["xid"])
+        counts[key] = counts.get(key, 0) + 1
+    for (pci, xid), n in sorted(counts.items()):
+        out.append(line("k26_gpu_xid_errors_total", {"pci": pci, "xid": xid}, n))
+    return out
+
+
+def read_gpus() -> tuple[str | None, str]:
+    if shutil.which("nvidia-smi") is None:
+        return None, ""
+    smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=60)
+    log = subprocess.run(["journalctl", "-k", "-b", "--no-pager", "-o", "cat", "--grep", "NVRM: Xid"],
+                         capture_output=True, text=True, timeout=60)
+    return (smi.stdout if smi.returncode == 0 else None), log.stdout
+
+
+# --- locks, disks, thresholds, expected workers --------------------------------------------------
+
+@dataclass(frozen=True)
+class LockState:
+    held: bool
+    held_seconds: float
+    ttl_seconds: float
+
+
+def lock_state(folder: Path, now: float) -> LockState:
+    """A lock is held while another process holds its flock (the holder loop does); its record says
+    since when and for how long."""
+    lock = folder / "lock"
+    if not lock.exists():
+        return LockState(False, 0.0, 0.0)
+    with open(lock, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return LockState(False, 0.0, 0.0)
+        except BlockingIOError:
+            pass
+    found = HOLDER.match((folder / "holder").read_text()) if (folder / "holder").exists() else None
+    if not found:
+        return LockState(True, 0.0, 0.0)
+    since = datetime.strptime(found["since"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return LockState(True, max(0.0, now - since), float(found["ttl"]))
+
+
+def state_lines(config: dict, now: float) -> list[str]:
+    out = []
+    maintenance = 0
+    for name, folder in config.get("locks", {}).items():
+        state = lock_state(Path(folder), now)
+        labels = {"lock": name, "lock_dir": folder}
+        out += [line("k26_lock_held", labels, int(state.held)), line("k26_lock_held_seconds", labels, state.held_seconds),
+                line("k26_lock_ttl_seconds", labels, state.ttl_seconds)]
+        maintenance |= state.held and name == "host"
+    out.append(line("k26_maintenance", {}, int(maintenance)))
+    for path in config.get("snapshot_paths", []):
+        probe = Path(path)
+        while not probe.exists():
+            probe = probe.parent
+        st = os.statvfs(probe)
+        used = 1 - st.f_bavail / st.f_blocks if st.f_blocks else 0.0
+        out.append(line("k26_snapshot_disk_used_ratio", {"path": path}, round(used, 4)))
+    for name, value in sorted(config.get("thresholds", {}).items()):
+        out.append(line("k26_alert_threshold", {"name": name}, value))
+    for worker, host in sorted(config.get("expected_workers", {}).items()):
+        out.append(line("k26_gateway_expected_worker", {"worker": worker, "host": host}, 1))
+    return out
+
+
+def write_textfile(folder: Path, name: str, lines: list[str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, folder / name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="the node exporter's textfile folder")
+    ap.add_argument("--config", type=Path, required=True, help="JSON: locks, snapshot_paths, thresholds, expected_workers")
+    args = ap.parse_args(argv)
+    config = json.loads(args.config.read_text())
+    smi, kernel_log = read_gpus()
+    write_textfile(args.out, "k26-gpu.prom", gpu_lines(smi, kernel_log))
+    write_textfile(args.out, "k26-state.prom", state_lines(config, time.time()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

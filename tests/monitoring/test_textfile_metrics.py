@@ -1,0 +1,82 @@
+"""The host's textfile collector (roles/monitoring/files/k26_textfile_metrics.py) on the CPU: the GPUs
+from nvidia-smi's CSV and the kernel log's Xid lines, a host without GPUs marked skipped, the locks
+(held by another open file's flock, since when, the TTL), disks, thresholds and expected workers."""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("k26_textfile_metrics", ROOT / "roles/monitoring/files/k26_textfile_metrics.py")
+collector = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("k26_textfile_metrics", collector)
+_spec.loader.exec_module(collector)
+
+SMI = ("0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 61, 412.50, 90112, 97887, 0, 3, 2430, 0x0000000000000000\n"
+       "1, NVIDIA RTX PRO 6000 Blackwell Server Edition, 63, 398.10, 90100, 97887, 2, 0, 2430, 0x0000000000000004\n"
+       "2, NVIDIA RTX PRO 6000 Blackwell Server Edition, 58, [N/A], 12, 97887, [N/A], [N/A], 2430, 0x0\n")
+KERNEL = ("NVRM: Xid (PCI:0000:81:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
+          "some other line\n"
+          "NVRM: Xid (PCI:0000:81:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
+          "NVRM: Xid (PCI:0000:C1:00): 31, pid=99, name=python3, Ch 00000008, intr 10000000. MMU Fault\n")
+
+
+def test_gpus_and_xid_lines_become_metrics():
+    lines = collector.gpu_lines(SMI, KERNEL)
+    text = "\n".join(lines)
+    assert 'k26_gpu_collector_skipped{reason=""} 0' in lines
+    assert 'k26_gpu_temperature_celsius{gpu="1",name="NVIDIA RTX PRO 6000 Blackwell Server Edition"} 63.0' in lines
+    assert 'k26_gpu_ecc_uncorrected_errors{gpu="1",name="NVIDIA RTX PRO 6000 Blackwell Server Edition"} 2.0' in lines
+    assert 'k26_gpu_throttle_reasons{gpu="1",name="NVIDIA RTX PRO 6000 Blackwell Server Edition"} 4' in lines
+    assert 'k26_gpu_power_watts{gpu="2"' not in text and 'k26_gpu_ecc_uncorrected_errors{gpu="2"' not in text   # [N/A]
+    assert 'k26_gpu_xid_errors_total{pci="0000:81:00",xid="79"} 2' in lines
+    assert 'k26_gpu_xid_errors_total{pci="0000:c1:00",xid="31"} 1' in lines
+
+
+def test_a_host_without_gpus_says_the_collector_skipped():
+    assert collector.gpu_lines(None, "") == ['k26_gpu_collector_skipped{reason="no nvidia-smi on this host"} 1']
+
+
+def test_a_held_lock_its_age_and_ttl_and_the_rest_of_the_state(tmp_path):
+    locks = tmp_path / "run-k26-deploy"
+    locks.mkdir()
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 120))
+    (locks / "holder").write_text(f"ab12cd34 ops@controller controller-pid 4242 since {since} ttl 300\n")
+    free = tmp_path / "run-k26-fleet"
+    free.mkdir()
+    (free / "lock").touch()
+    config = {"locks": {"host": str(locks), "fleet": str(free)}, "snapshot_paths": [str(tmp_path / "not-yet")],
+              "thresholds": {"accept_length_floor": 2.5, "queue_depth_max": 64},
+              "expected_workers": {"http://10.0.0.2:30000": "gpu2"}}
+    with open(locks / "lock", "a") as holder:               # the holder loop's flock, as another open file
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        lines = collector.state_lines(config, time.time())
+    by_name = {ln.split("{")[0] + ln.split("{")[1].split("}")[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines}
+    assert by_name[f'k26_lock_heldlock="host",lock_dir="{locks}"'] == 1
+    assert 118 <= by_name[f'k26_lock_held_secondslock="host",lock_dir="{locks}"'] <= 125
+    assert by_name[f'k26_lock_ttl_secondslock="host",lock_dir="{locks}"'] == 300
+    assert by_name[f'k26_lock_heldlock="fleet",lock_dir="{free}"'] == 0
+    assert "k26_maintenance{} 1" in lines
+    assert 0 < by_name[f'k26_snapshot_disk_used_ratiopath="{tmp_path / "not-yet"}"'] < 1
+    assert 'k26_alert_threshold{name="accept_length_floor"} 2.5' in lines
+    assert 'k26_gateway_expected_worker{worker="http://10.0.0.2:30000",host="gpu2"} 1' in lines
+    assert "k26_maintenance{} 0" in collector.state_lines(config, time.time())   # the flock released
+
+
+def test_the_command_writes_both_files_whole(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"locks": {}, "thresholds": {"queue_depth_max": 8}}))
+    out = tmp_path / "textfile"
+    r = subprocess.run([sys.executable, str(ROOT / "roles/monitoring/files/k26_textfile_metrics.py"), "--out", str(out),
+                        "--config", str(config)], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin"})                     # no nvidia-smi on PATH
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["k26-gpu.prom", "k26-state.prom"]
+    assert (out / "k26-gpu.prom").read_text() == 'k26_gpu_collector_skipped{reason="no nvidia-smi on this host"} 1\n'
+    assert 'k26_alert_threshold{name="queue_depth_max"} 8' in (out / "k26-state.prom").read_text()
