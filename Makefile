@@ -15,9 +15,12 @@ SGLANG_VENV := $(CACHE)/venv-sglang-$(SGLANG_HASH)
 GATEWAY_HASH := $(shell cat requirements/gateway.lock | sha256sum | cut -c1-12)
 GATEWAY_VENV := $(CACHE)/venv-gateway-$(GATEWAY_HASH)
 SANDBOX_MODEL := $(CACHE)/models/tiny-seed0
-# promtool of Debian 12's Prometheus (the version the monitoring role installs), for the alert rules' tests
+# promtool and amtool of Debian 12's Prometheus and Alertmanager (the versions the monitoring role
+# installs; tests/ansible/test_monitoring.py keeps them equal), for the rules' and configurations' tests
 PROMETHEUS_DEB := 2.42.0+ds-5+deb12u1
+ALERTMANAGER_DEB := 0.25.0-1+b4
 PROMTOOL := $(CACHE)/prometheus-$(PROMETHEUS_DEB)/usr/bin/promtool
+AMTOOL := $(CACHE)/alertmanager-$(ALERTMANAGER_DEB)/usr/bin/amtool
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
 .PHONY: promtool lock check-locks crash-test help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
@@ -65,7 +68,14 @@ $(PROMTOOL):
 	dpkg-deb -x $(CACHE)/prometheus-deb/prometheus_*.deb $(CACHE)/prometheus-$(PROMETHEUS_DEB)
 	$(PROMTOOL) --version >/dev/null
 
-promtool: $(PROMTOOL)
+$(AMTOOL):
+	rm -rf $(CACHE)/alertmanager-deb && mkdir -p $(CACHE)/alertmanager-deb
+	cd $(CACHE)/alertmanager-deb && (apt-get download prometheus-alertmanager=$(ALERTMANAGER_DEB) 2>/dev/null \
+		|| (apt-get update -q >/dev/null && apt-get download prometheus-alertmanager=$(ALERTMANAGER_DEB)))
+	dpkg-deb -x $(CACHE)/alertmanager-deb/prometheus-alertmanager_*.deb $(CACHE)/alertmanager-$(ALERTMANAGER_DEB)
+	$(AMTOOL) --version >/dev/null
+
+promtool: $(PROMTOOL) $(AMTOOL)
 
 sglang-venv: $(SGLANG_VENV)/.ready
 	$(SGLANG_VENV)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" || true
@@ -83,7 +93,7 @@ $(GATEWAY_VENV)/.ready:
 gateway-venv: $(GATEWAY_VENV)/.ready
 
 test-fast: venv gateway-venv promtool
-	K26_PROMTOOL=$(PROMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
+	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
 
 test-sglang: sglang-venv
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
@@ -99,7 +109,7 @@ test-sandbox-lane:
 
 # the CPU lane runs at a lower priority: the sandbox lane is the longer one (its waits are timed)
 test-cpu-lane:
-	K26_PROMTOOL=$(PROMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -p no:cacheprovider $(PYTEST_ARGS)
+	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -p no:cacheprovider $(PYTEST_ARGS)
 	nice -n 10 $(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
 $(SANDBOX_MODEL)/target/config.json: | venv

@@ -1,5 +1,9 @@
-"""Write results.csv, results.md and plot.png for a sweep and print the best DDTree configuration
-with its speed against DFLASH and NONE (same CUDA-graph setting, temperature 0).
+"""Write results.csv, results.md, plot.png and thresholds.json for a sweep and print the best DDTree
+configuration with its speed against DFLASH and NONE (same CUDA-graph setting, temperature 0).
+
+thresholds.json holds the monitoring role's two speculation floors (k26_alert_sweep_results): the
+accept length under which K26AcceptLengthLow fires (ACCEPT_FLOOR_SHARE of the best configuration's)
+and the tokens/s per request under which K26SlowerThanBaseline fires (NONE's, same graph setting).
 
 Usage: python tools/sweep_report.py RESULTS_DIR   (reads RESULTS_DIR/rows.json written by sweep.yml)
 """
@@ -43,6 +47,29 @@ def comparison(rows: list[dict]) -> dict | None:
         same = [r for r in greedy_ok(rows, ref) if str(r["cuda_graph"]) == str(best["cuda_graph"])]
         if same and speed(same[0]) > 0:
             out[f"vs_{ref.lower()}"] = round(speed(best) / speed(same[0]), 3)
+    return out
+
+
+ACCEPT_FLOOR_SHARE = 0.8
+
+
+def accept_length(row: dict) -> float:
+    value = row.get("server_accept_length")
+    return float(value if value is not None else row.get("accept_length") or 0)
+
+
+def thresholds(summary: dict | None, rows: list[dict]) -> dict:
+    """The alert floors this sweep measured; {} when it has no DDTREE row at temperature 0."""
+    if not summary:
+        return {}
+    best = summary["best"]
+    out = {"accept_length_floor": round(ACCEPT_FLOOR_SHARE * accept_length(best), 3),
+           "from": {"budget": best["budget"], "topk_cap": best["topk_cap"], "cuda_graph": best["cuda_graph"],
+                    "accept_length": accept_length(best)}}
+    none = [r for r in greedy_ok(rows, "NONE") if str(r["cuda_graph"]) == str(best["cuda_graph"])]
+    if none and int(none[0].get("concurrency") or 0) > 0:
+        out["tokens_per_s_per_request_floor"] = round(speed(none[0]) / int(none[0]["concurrency"]), 3)
+        out["from"]["none_tokens_per_s"] = speed(none[0])
     return out
 
 
@@ -101,6 +128,7 @@ def main(argv: list[str]) -> int:
     write_csv(rows, out)
     write_table(rows, out, summary)
     write_plot(rows, out)
+    (out / "thresholds.json").write_text(json.dumps(thresholds(summary, rows), indent=2) + "\n")
     print(json.dumps({**(summary or {"best": None}), "results": str(out)}))
     return 0
 

@@ -109,6 +109,18 @@ MALFORMED = [
     ("validate_near_tie_margin", "wide", "expected a number 0..1"),
     ("snapshot_tag", "tag with spaces", "a tag name"),
     ("snapshot_force", "perhaps", "expected true or false"),
+    ("k26_prometheus_scrape_interval", "15 s", "expected a duration"),
+    ("k26_prometheus_retention", "30days", "expected a duration"),
+    ("k26_alertmanager_group_wait", "1m30s", "expected a duration"),
+    ("k26_alert_webhooks", "http://hook:8080/a", "expected a list"),
+    ("k26_alert_webhooks", ["http://hook:8080/a b"], "item 0"),
+    ("k26_alert_webhooks", ["ftp://hook/a"], "an http(s) URL"),
+    ("k26_node_exporter_port", 0, "expected an integer 1..65535"),
+    ("k26_monitor_address", "10.0.0.1 --x", "expected an IPv4 or IPv6 address"),
+    ("k26_textfile_dir", "/var/lib", "is a system folder"),
+    ("k26_monitoring_packages", ["prometheus"], "name=version"),
+    ("k26_alert_accept_length_floor", "high", "expected a number 0..1024"),
+    ("k26_metrics_interval", 1, "expected an integer 5..3600"),
 ]
 
 
@@ -117,7 +129,7 @@ def test_a_malformed_value_is_named_with_its_value_and_fix(name, value, why):
     errors = k26_inputs.k26_input_errors({name: value}, SPEC)
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"{name}=") and " is invalid: " in errors[0] and why in errors[0], errors[0]
-    if name in ("k26_api_key", "k26_api_key_previous", "k26_gateway_api_keys"):
+    if name in ("k26_api_key", "k26_api_key_previous", "k26_gateway_api_keys", "k26_alert_webhooks"):
         shown_items = value if isinstance(value, list) else [value]
         assert not any(str(v) in errors[0] for v in shown_items if v) and "<not shown>" in errors[0]
     assert errors[0].rstrip().split("; ")[-1], "no fix given"
@@ -167,7 +179,8 @@ def test_the_roles_own_defaults_pass_their_rules():
         values.update({k: v for k, v in plays[0]["vars"].items() if k in SPEC and "{{" not in str(v)})
     assert k26_inputs.k26_input_errors(values, SPEC) == []
     assert {"k26_state_dir", "k26_prefix", "k26_lock_dir", "k26_fleet_lock_dir", "k26_gpu_report_path",
-            "k26_gateway_config_dir", "k26_device_allow", "sweep_temperatures", "validate_near_tie_margin"} <= set(values)
+            "k26_gateway_config_dir", "k26_device_allow", "sweep_temperatures", "validate_near_tie_margin",
+            "k26_textfile_dir", "k26_prometheus_retention", "k26_alert_queue_depth_max"} <= set(values)
 
 
 @pytest.mark.parametrize("path", ["/opt/k26", "/var/lib/k26", "/etc/k26", "/run/k26-deploy", "/srv/k26/state",

@@ -104,7 +104,7 @@ def host(converged):
 
 def pytest_collection_modifyitems(config, items):
     """tests/infra/test_fleet.py runs after the single-host tests (its rolls change the first server's
-    settings), and test_secrets.py last: it searches everything the other tests left behind (the
+    settings), then test_monitoring.py (the monitor host's Prometheus over the fleet), and test_secrets.py last: it searches everything the other tests left behind (the
     journal after deploys, verifies, sweeps, validations and rolls; the snapshot and rollback folders)."""
-    order = {"test_fleet.py": 1, "test_secrets.py": 2}
+    order = {"test_fleet.py": 1, "test_monitoring.py": 2, "test_secrets.py": 3}
     items.sort(key=lambda item: order.get(item.fspath.basename, 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import signal
@@ -39,6 +40,13 @@ def test_sweep_writes_results_and_restores_the_original(converged, tmp_path):
     summary = (run / "results.md").read_text()
     assert "Best at temperature 0" in summary and "(DFLASH x" in summary and "NONE x" in summary
     assert (run / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the monitoring role's speculation floors, from this sweep (k26_alert_sweep_results)
+    floors = json.loads((run / "thresholds.json").read_text())
+    best = max((r for r in rows if r["algorithm"] == "DDTREE" and r["temperature"] == "0.0"),
+               key=lambda r: float(r["server_tokens_per_s"]))
+    assert floors["accept_length_floor"] == round(0.8 * float(best["server_accept_length"]), 3)
+    [none] = [r for r in rows if r["algorithm"] == "NONE" and r["temperature"] == "0.0"]
+    assert floors["tokens_per_s_per_request_floor"] == round(float(none["server_tokens_per_s"]) / int(none["concurrency"]), 3)
     assert "best" in play.out
     original_is_running()
 

@@ -56,7 +56,7 @@ def test_a_held_lock_its_age_and_ttl_and_the_rest_of_the_state(tmp_path):
               "expected_workers": {"http://10.0.0.2:30000": "gpu2"}}
     with open(locks / "lock", "a") as holder:               # the holder loop's flock, as another open file
         fcntl.flock(holder, fcntl.LOCK_EX)
-        lines = collector.state_lines(config, time.time())
+        lines = collector.state_lines(config, time.time(), Path("/proc/locks").read_text())
     by_name = {ln.split("{")[0] + ln.split("{")[1].split("}")[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines}
     assert by_name[f'k26_lock_heldlock="host",lock_dir="{locks}"'] == 1
     assert 118 <= by_name[f'k26_lock_held_secondslock="host",lock_dir="{locks}"'] <= 125
@@ -66,7 +66,7 @@ def test_a_held_lock_its_age_and_ttl_and_the_rest_of_the_state(tmp_path):
     assert 0 < by_name[f'k26_snapshot_disk_used_ratiopath="{tmp_path / "not-yet"}"'] < 1
     assert 'k26_alert_threshold{name="accept_length_floor"} 2.5' in lines
     assert 'k26_gateway_expected_worker{worker="http://10.0.0.2:30000",host="gpu2"} 1' in lines
-    assert "k26_maintenance{} 0" in collector.state_lines(config, time.time())   # the flock released
+    assert "k26_maintenance{} 0" in collector.state_lines(config, time.time(), Path("/proc/locks").read_text())  # released
 
 
 def test_the_command_writes_both_files_whole(tmp_path):
@@ -80,3 +80,4 @@ def test_the_command_writes_both_files_whole(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["k26-gpu.prom", "k26-state.prom"]
     assert (out / "k26-gpu.prom").read_text() == 'k26_gpu_collector_skipped{reason="no nvidia-smi on this host"} 1\n'
     assert 'k26_alert_threshold{name="queue_depth_max"} 8' in (out / "k26-state.prom").read_text()
+

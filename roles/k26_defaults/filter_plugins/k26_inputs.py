@@ -38,6 +38,8 @@ APT_PIN = re.compile(r"[a-z0-9][a-z0-9+.-]*=[0-9][A-Za-z0-9.+:~-]*")
 APT_WORD = re.compile(r"\.?/|[A-Za-z0-9][A-Za-z0-9._/-]*")   # a suite or component; a flat repository's ./
 REPO_URI = re.compile(r"(https://|file:///)[A-Za-z0-9._~/:@%+-]+")
 GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+DURATION = re.compile(r"[1-9][0-9]{0,5}(ms|s|m|h|d|w|y)")          # a Prometheus duration, one unit
+WEBHOOK = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?(/[A-Za-z0-9._~/%+=&?-]*)?")
 BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 MAX_ARGS = 64
 
@@ -207,7 +209,7 @@ def _list(value, rule: Mapping) -> str | None:
     for index, item in enumerate(value):
         why = CHECKS[item_rule["kind"]](item, item_rule)
         if why:
-            return f"item {index} ({item!r}): {why}"
+            return f"item {index} ({'<not shown>' if rule.get('secret') else repr(item)}): {why}"
     return None
 
 
@@ -287,6 +289,8 @@ CHECKS: dict[str, Callable] = {
     "version": _pattern(VERSION, "a version such as 580.0"),
     "apt_pin": _pattern(APT_PIN, "a package pinned as name=version, e.g. nvidia-open=580.95.05-1"),
     "apt_source": _apt_source,
+    "duration": _pattern(DURATION, "a duration of one number and one unit (ms, s, m, h, d, w, y), e.g. 15s or 30d"),
+    "webhook": _pattern(WEBHOOK, "an http(s) URL (http(s)://HOST[:PORT][/PATH], no spaces or quotes)"),
     "word": _pattern(SAFE_WORD, "one word of letters, digits and ._:/,=@+-"),
 }
 

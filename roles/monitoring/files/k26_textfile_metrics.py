@@ -9,13 +9,15 @@ k26-gpu.prom      from `nvidia-smi --query-gpu` (temperature, power, memory, ECC
 k26-state.prom    the deploy locks (held, since how long, their TTL: k26_maintenance is 1 while the
                   host lock is held - a deploy, sweep or validation is changing the host), the used share
                   of the snapshot folders' disks, the alert thresholds and, on a gateway host, the
-                  workers it must route to (from FILE, which the monitoring role writes from the inventory).
+                  workers it must route to (from FILE, which the monitoring role writes from the inventory),
+                  and on a k26 host what it runs: k26_service_info{release, algorithm, budget, topk_cap,
+                  cuda_graph} 1 (the release `current` points at; the rest from the unit's ExecStart, so
+                  a sweep's configuration shows while it runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import re
@@ -96,19 +98,21 @@ class LockState:
     ttl_seconds: float
 
 
-def lock_state(folder: Path, now: float) -> LockState:
-    """A lock is held while another process holds its flock (the holder loop does); its record says
-    since when and for how long."""
+def flock_held(path: Path, proc_locks: str) -> bool:
+    """Whether any process holds a flock on the file, read from /proc/locks (`N: FLOCK ADVISORY
+    WRITE PID MAJ:MIN:INODE 0 EOF`) without trying the lock: a try, however short, could make a
+    deploy's own non-blocking try fail at that moment."""
+    st = path.stat()
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(f[1] == "FLOCK" and f[5] == ident for f in (ln.split() for ln in proc_locks.splitlines()) if len(f) > 5)
+
+
+def lock_state(folder: Path, now: float, proc_locks: str) -> LockState:
+    """A lock is held while a process holds its flock (the holder loop does); its record says since
+    when and for how long."""
     lock = folder / "lock"
-    if not lock.exists():
+    if not lock.exists() or not flock_held(lock, proc_locks):
         return LockState(False, 0.0, 0.0)
-    with open(lock, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fh, fcntl.LOCK_UN)
-            return LockState(False, 0.0, 0.0)
-        except BlockingIOError:
-            pass
     found = HOLDER.match((folder / "holder").read_text()) if (folder / "holder").exists() else None
     if not found:
         return LockState(True, 0.0, 0.0)
@@ -116,11 +120,11 @@ def lock_state(folder: Path, now: float) -> LockState:
     return LockState(True, max(0.0, now - since), float(found["ttl"]))
 
 
-def state_lines(config: dict, now: float) -> list[str]:
+def state_lines(config: dict, now: float, proc_locks: str) -> list[str]:
     out = []
     maintenance = 0
     for name, folder in config.get("locks", {}).items():
-        state = lock_state(Path(folder), now)
+        state = lock_state(Path(folder), now, proc_locks)
         labels = {"lock": name, "lock_dir": folder}
         out += [line("k26_lock_held", labels, int(state.held)), line("k26_lock_held_seconds", labels, state.held_seconds),
                 line("k26_lock_ttl_seconds", labels, state.ttl_seconds)]
@@ -140,6 +144,33 @@ def state_lines(config: dict, now: float) -> list[str]:
     return out
 
 
+# --- what the service runs ----------------------------------------------------------------------
+
+def exec_start_words(unit_text: str) -> list[str]:
+    """The words of the unit's ExecStart (continuation lines joined)."""
+    joined = re.sub(r"\\\n\s*", " ", unit_text)
+    found = re.search(r"^ExecStart=(.*)$", joined, re.MULTILINE)
+    return found.group(1).split() if found else []
+
+
+def flag(words: list[str], name: str, default: str = "") -> str:
+    return words[words.index(name) + 1] if name in words and words.index(name) + 1 < len(words) else default
+
+
+def service_lines(unit_text: str | None, release: str) -> list[str]:
+    """k26_service_info: the release, and from the unit's ExecStart the speculative algorithm, the
+    DDTree budget and top-k cap, CUDA graphs on or off. No unit (a gateway host): no line."""
+    words = exec_start_words(unit_text) if unit_text is not None else []
+    if not words:
+        return []
+    algorithm = flag(words, "--speculative-algorithm", "NONE")
+    labels = {"release": release, "algorithm": algorithm,
+              "budget": flag(words, "--speculative-ddtree-budget") if algorithm == "DDTREE" else "",
+              "topk_cap": flag(words, "--speculative-ddtree-topk-cap") if algorithm == "DDTREE" else "",
+              "cuda_graph": "false" if flag(words, "--cuda-graph-backend-decode") == "disabled" else "true"}
+    return [line("k26_service_info", labels, 1)]
+
+
 def write_textfile(folder: Path, name: str, lines: list[str]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
@@ -152,12 +183,16 @@ def write_textfile(folder: Path, name: str, lines: list[str]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="the node exporter's textfile folder")
-    ap.add_argument("--config", type=Path, required=True, help="JSON: locks, snapshot_paths, thresholds, expected_workers")
+    ap.add_argument("--config", type=Path, required=True, help="JSON: locks, snapshot_paths, thresholds, expected_workers, service_unit, current_release")
     args = ap.parse_args(argv)
     config = json.loads(args.config.read_text())
     smi, kernel_log = read_gpus()
     write_textfile(args.out, "k26-gpu.prom", gpu_lines(smi, kernel_log))
-    write_textfile(args.out, "k26-state.prom", state_lines(config, time.time()))
+    unit = Path(config["service_unit"]) if config.get("service_unit") else None
+    unit_text = unit.read_text() if unit is not None and unit.exists() else None
+    current = Path(config.get("current_release", "/nonexistent"))
+    release = current.resolve().name if current.is_symlink() else ""
+    write_textfile(args.out, "k26-state.prom", state_lines(config, time.time(), Path("/proc/locks").read_text()) + service_lines(unit_text, release))
     return 0
 
 

@@ -1,0 +1,166 @@
+"""The monitoring role without a host: the files it renders from the sandbox's and the production
+inventory (scrape targets, collector settings, thresholds from a sweep), checked by Debian 12's own
+promtool and amtool (`make promtool`), the package pins against the Makefile's, and the service
+settings the textfile collector reads back from the repository's rendered units."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import BIN, ROOT, run
+from .test_static import render
+
+_spec = importlib.util.spec_from_file_location("k26_textfile_metrics", ROOT / "roles/monitoring/files/k26_textfile_metrics.py")
+collector = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("k26_textfile_metrics", collector)
+_spec.loader.exec_module(collector)
+
+PRODUCTION_FLEET = """
+k26_gateway:
+  hosts:
+    k26-gw-01: {ansible_host: 192.0.2.20, ansible_user: deploy}
+k26_monitor:
+  hosts:
+    k26-gw-01:
+"""
+
+
+def render_monitoring(tmp: Path, vault_pass: Path, *inventories: str, extra: tuple = ()) -> dict[str, str]:
+    out = tmp / "render-monitoring"
+    out.mkdir(parents=True, exist_ok=True)
+    args = [str(BIN / "ansible-playbook")]
+    for inv in inventories:
+        args += ["-i", inv]
+    r = run(args + ["tests/ansible/render_monitoring.yml", "--vault-password-file", str(vault_pass),
+                    "-e", f"k26_render_dir={out}", *extra], tmp)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return {p.name: p.read_text() for p in out.iterdir()}
+
+
+def tool(name: str) -> str:
+    path = os.environ.get(f"K26_{name.upper()}")
+    if not path:
+        pytest.skip(f"K26_{name.upper()} is not set: `make promtool` unpacks Debian's, make test sets it")
+    return path
+
+
+def targets(prometheus: dict) -> dict[str, list[tuple[str, str]]]:
+    return {job["job_name"]: [(c["labels"]["host"], c["targets"][0]) for c in job["static_configs"]]
+            for job in prometheus["scrape_configs"]}
+
+
+def test_the_sandbox_scrapes_every_host_from_the_inventory(tmp_path, vault_pass):
+    files = render_monitoring(tmp_path, vault_pass, "inventory/sandbox")
+    assert sorted(files) == ["gateway.alertmanager.yml", "gateway.metrics.json", "gateway.prometheus.yml",
+                             "sandbox.metrics.json", "sandbox2.metrics.json"]
+    prom = yaml.safe_load(files["gateway.prometheus.yml"])
+    assert targets(prom) == {
+        "k26-server": [("sandbox", "127.0.0.1:30000"), ("sandbox2", "127.0.0.1:30001")],
+        "k26-gateway": [("gateway", "127.0.0.1:29000")],
+        "k26-node": [("sandbox", "127.0.0.1:9101"), ("sandbox2", "127.0.0.1:9102"), ("gateway", "127.0.0.1:9103")],
+        "k26-monitor": [("gateway", "127.0.0.1:9090"), ("gateway", "127.0.0.1:9093")]}
+    assert [j["honor_labels"] for j in prom["scrape_configs"]] == [False, False, True, False]
+    assert prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9093"]
+    # no key anywhere in the monitoring files: /metrics is open on every server and on smg
+    assert not any("sandbox-demo-key" in text for text in files.values())
+    gateway = json.loads(files["gateway.metrics.json"])
+    assert gateway["expected_workers"] == {"http://127.0.0.1:30000": "sandbox", "http://127.0.0.1:30001": "sandbox2"}
+    assert gateway["locks"] == {"fleet": "/run/k26-fleet"} and gateway["service_unit"] == ""
+    server = json.loads(files["sandbox2.metrics.json"])
+    assert server["locks"] == {"host": "/run/k26-deploy"} and server["expected_workers"] == {}
+    assert server["service_unit"] == "/etc/systemd/system/k26-ddtree.service"
+    assert server["thresholds"]["accept_length_floor"] == 0.9          # the sandbox's random pair (its group_vars)
+
+
+def test_the_rendered_configurations_pass_promtool_and_amtool(tmp_path, vault_pass):
+    promtool, amtool = tool("promtool"), tool("amtool")
+    shutil.copy(ROOT / "roles/monitoring/files/k26-alerts.rules.yml", tmp_path / "k26-alerts.rules.yml")
+    inventory = tmp_path / "fleet.yml"
+    inventory.write_text(PRODUCTION_FLEET)
+    for name, invs, extra in (("sandbox", ["inventory/sandbox"], ()),
+                              ("production", ["inventory/production", str(inventory)], ()),
+                              ("no-webhook", ["inventory/sandbox"], ("-e", '{"k26_alert_webhooks": []}'))):
+        files = render_monitoring(tmp_path / name, vault_pass, *invs,
+                                  extra=("-e", f"k26_monitoring_config_dir={tmp_path}", *extra))
+        monitor = "gateway" if name != "production" else "k26-gw-01"
+        for kind, cmd in (("prometheus.yml", [promtool, "check", "config"]), ("alertmanager.yml", [amtool, "check-config"])):
+            path = tmp_path / f"{name}.{kind}"
+            path.write_text(files[f"{monitor}.{kind}"])
+            r = subprocess.run(cmd + [str(path)], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, (name, kind, r.stdout + r.stderr)
+        if name == "no-webhook":
+            assert yaml.safe_load(files["gateway.alertmanager.yml"])["receivers"] == [{"name": "k26"}]
+
+
+def test_production_targets_come_from_the_worker_urls_and_the_host_addresses(tmp_path, vault_pass):
+    inventory = tmp_path / "fleet.yml"
+    inventory.write_text(PRODUCTION_FLEET)
+    files = render_monitoring(tmp_path, vault_pass, "inventory/production", str(inventory))
+    prom = yaml.safe_load(files["k26-gw-01.prometheus.yml"])
+    assert targets(prom) == {
+        "k26-server": [("k26-gpu-01", "192.0.2.10:30000")], "k26-gateway": [("k26-gw-01", "192.0.2.20:29000")],
+        "k26-node": [("k26-gpu-01", "192.0.2.10:9100"), ("k26-gw-01", "192.0.2.20:9100")],
+        "k26-monitor": [("k26-gw-01", "127.0.0.1:9090"), ("k26-gw-01", "127.0.0.1:9093")]}
+    assert prom["global"]["scrape_interval"] == "15s"
+    assert json.loads(files["k26-gpu-01.metrics.json"])["thresholds"] == {
+        "accept_length_floor": 1.5, "tokens_per_s_per_request_floor": 0.0, "queue_depth_max": 32,
+        "queue_wait_seconds_max": 30.0}
+
+
+def test_a_sweeps_thresholds_become_the_floors_unless_the_inventory_sets_them(tmp_path, vault_pass):
+    sweep = tmp_path / "sweep-results" / "20261202T050000Z"
+    sweep.mkdir(parents=True)
+    (sweep / "thresholds.json").write_text(json.dumps({"accept_length_floor": 4.4, "tokens_per_s_per_request_floor": 31.5}))
+    files = render_monitoring(tmp_path / "a", vault_pass, "inventory/production",
+                              extra=("-e", f"k26_alert_sweep_results={sweep}"))
+    assert json.loads(files["k26-gpu-01.metrics.json"])["thresholds"]["accept_length_floor"] == 4.4
+    assert json.loads(files["k26-gpu-01.metrics.json"])["thresholds"]["tokens_per_s_per_request_floor"] == 31.5
+    # the sandbox's group_vars set the accept floor themselves: the sweep gives only the speed floor there
+    files = render_monitoring(tmp_path / "b", vault_pass, "inventory/sandbox", extra=("-e", f"k26_alert_sweep_results={sweep}"))
+    floors = json.loads(files["sandbox.metrics.json"])["thresholds"]
+    assert floors["accept_length_floor"] == 0.9 and floors["tokens_per_s_per_request_floor"] == 31.5
+
+
+def test_the_package_pins_are_the_makefiles():
+    defaults = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
+    make = (ROOT / "Makefile").read_text()
+    prometheus = re.search(r"^PROMETHEUS_DEB := (\S+)", make, re.MULTILINE)[1]
+    alertmanager = re.search(r"^ALERTMANAGER_DEB := (\S+)", make, re.MULTILINE)[1]
+    assert defaults["k26_monitoring_packages"] == [f"prometheus={prometheus}", f"prometheus-alertmanager={alertmanager}"]
+    assert all("=" in p for p in defaults["k26_node_exporter_packages"])
+
+
+def test_the_monitoring_units_are_hardened(tmp_path):
+    units = {p.name: p.read_text() for p in (ROOT / "templates/etc/systemd/system").glob("k26-*.j2")
+             if p.name.split(".")[0] in ("k26-prometheus", "k26-alertmanager", "k26-node-exporter")}
+    assert len(units) == 3
+    for name, text in units.items():
+        for line in ("User=prometheus", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
+                     "PrivateDevices=yes", "RestrictNamespaces=yes", "SystemCallFilter=@system-service"):
+            assert f"\n{line}\n" in text, (name, line)
+
+
+
+def test_the_service_info_comes_from_the_rendered_units(tmp_path, vault_pass):
+    """The production unit and the sandbox's (ddtree-serve, budget from its inventory), rendered by the
+    repository's templates, read back as the configuration they run; a NONE unit and graphs off too."""
+    production = render("production", tmp_path, vault_pass)["k26-gpu-01.service"]
+    assert collector.service_lines(production, "20261202T0500Z-abc") == [
+        'k26_service_info{release="20261202T0500Z-abc",algorithm="DDTREE",budget="32",topk_cap="8",cuda_graph="true"} 1']
+    other = tmp_path / "other"
+    other.mkdir()
+    none = render("production", other, vault_pass, "-e", "k26_speculative_algorithm=NONE", "-e", "k26_cuda_graph=false",
+                  "-e", "k26_draft_model_path=")["k26-gpu-01.service"]
+    assert collector.service_lines(none, "r1") == [
+        'k26_service_info{release="r1",algorithm="NONE",budget="",topk_cap="",cuda_graph="false"} 1']
+    assert collector.service_lines(None, "r1") == [] and collector.service_lines("[Unit]\n", "r1") == []

@@ -1,0 +1,190 @@
+"""The monitoring play on the sandbox fleet: the real Prometheus, Alertmanager and node exporters
+(Debian 12's packages) on the sandbox hosts, scraping the real ddtree-serve servers and smg. A
+webhook receiver on the shared loopback (where the sandbox's Alertmanager posts: its group_vars)
+records what reaches Alertmanager's receivers.
+
+What this shows: every target of the inventory scraped with its `host` label and the host metrics
+(GPU collector skipped on a host without GPUs, the unit's settings, the k26 units' states, the locks);
+no alert on a healthy fleet for full evaluation cycles; a server stopped by hand reaching the receiver
+as K26ServerDown within the rule's `for` plus one scrape, one evaluation and the group wait (and not
+before its `for`); a worker taken out of the gateway's pool by hand reaching it as
+K26GatewayWorkerNotReady; both resolved when put right; a held host lock showing as maintenance.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from .conftest import deploy, guest
+
+PROMETHEUS = "http://127.0.0.1:9090"
+ALERTMANAGER = "http://127.0.0.1:9093"
+RECEIVER_PORT = 39093                   # inventory/sandbox/group_vars/k26_monitor/monitoring.yml
+SCRAPE = EVALUATION = GROUP_WAIT = 5    # the same file
+SERVER_DOWN_FOR = GATEWAY_FOR = 120     # roles/monitoring/files/k26-alerts.rules.yml (for: 2m)
+TOOL = "/opt/k26-gateway/venv/bin/python /opt/k26-gateway/bin/k26_gateway.py pool --config /etc/k26-gateway/gateway.yaml"
+
+
+class Receiver:
+    """Alertmanager's webhook posts, each alert with the time it arrived."""
+
+    def __init__(self) -> None:
+        self.alerts: list[dict] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer._lock:
+                    outer.alerts += [{**a, "received": time.monotonic()} for a in body["alerts"]]
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", RECEIVER_PORT), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def find(self, name: str, status: str, **labels) -> dict | None:
+        with self._lock:
+            for a in self.alerts:
+                if a["labels"].get("alertname") == name and a["status"] == status and \
+                        all(a["labels"].get(k) == v for k, v in labels.items()):
+                    return a
+        return None
+
+    def wait(self, name: str, status: str, timeout: float, **labels) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            found = self.find(name, status, **labels)
+            if found:
+                return found
+            time.sleep(0.5)
+        raise AssertionError(f"{name} {labels} {status}: not received within {timeout} s; got {self.alerts}; "
+                             f"Prometheus: {alerts()}")
+
+
+def query(expr: str) -> list[dict]:
+    r = httpx.get(PROMETHEUS + "/api/v1/query", params={"query": expr}, timeout=10)
+    r.raise_for_status()
+    return r.json()["data"]["result"]
+
+
+def value(expr: str) -> float | None:
+    result = query(expr)
+    return float(result[0]["value"][1]) if result else None
+
+
+def alerts() -> list[dict]:
+    return httpx.get(PROMETHEUS + "/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+
+
+def wait_for(ok, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < end, f"{what}: not within {timeout} s"
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def monitored(converged):
+    # the first server is converged by the session's fixture; the gateway (the monitor host) and the
+    # second server get their exporters, and the gateway Prometheus and Alertmanager, from this roll
+    play = deploy("--limit", "gateway,sandbox2", fleet=True)
+    assert play.rc == 0, play.out[-5000:]
+    receiver = Receiver()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()
+
+
+def test_every_target_is_scraped_with_its_host_and_the_host_metrics_arrive(monitored):
+    wait_for(lambda: value('count(up{job="k26-node"} == 1)') == 3, 60, "three node exporters up")
+    up = {(r["metric"]["job"], r["metric"]["host"]): r["value"][1] for r in query("up")}
+    assert up == {("k26-server", "sandbox"): "1", ("k26-server", "sandbox2"): "1", ("k26-gateway", "gateway"): "1",
+                  ("k26-node", "sandbox"): "1", ("k26-node", "sandbox2"): "1", ("k26-node", "gateway"): "1",
+                  ("k26-monitor", "gateway"): "1"}, up
+    # the servers' own metrics, by host (what the rules join on)
+    assert {r["metric"]["host"] for r in query("sglang:num_running_reqs")} == {"sandbox", "sandbox2"}
+    # no GPU here: the collector says it skipped, on every host
+    assert {r["metric"]["host"]: r["value"][1] for r in query("k26_gpu_collector_skipped")} == \
+        {"sandbox": "1", "sandbox2": "1", "gateway": "1"}
+    # the unit's settings as the collector reads them (the sandbox's inventory: DDTREE, budget 16, cap 4, graphs off)
+    [info] = query('k26_service_info{host="sandbox2"}')
+    assert {k: info["metric"][k] for k in ("algorithm", "budget", "topk_cap", "cuda_graph")} == \
+        {"algorithm": "DDTREE", "budget": "16", "topk_cap": "4", "cuda_graph": "false"}
+    release = guest("readlink -f /opt/k26/current", host="k26-sandbox-2").stdout.strip().rsplit("/", 1)[1]
+    assert info["metric"]["release"] == release
+    # the k26 units through the systemd collector; the gateway's expected workers and smg's view of them
+    assert value('node_systemd_unit_state{host="sandbox2", name="k26-ddtree.service", state="active"}') == 1
+    assert value('node_systemd_unit_state{host="gateway", name="k26-gateway.service", state="active"}') == 1
+    assert {r["metric"]["host"] for r in query("k26_gateway_expected_worker")} == {"sandbox", "sandbox2"}
+    assert {r["metric"]["worker"]: r["value"][1] for r in query("smg_worker_health")} == \
+        {"http://127.0.0.1:30000": "1", "http://127.0.0.1:30001": "1"}
+    # the rules Prometheus runs are the repository's
+    names = {r["name"] for g in httpx.get(PROMETHEUS + "/api/v1/rules").json()["data"]["groups"] for r in g["rules"]}
+    assert {"K26ServerDown", "K26GatewayWorkerNotReady", "K26AcceptLengthLow", "K26LockHeldTooLong"} <= names
+
+
+def test_a_healthy_fleet_raises_nothing_for_full_evaluation_cycles(monitored):
+    since = time.monotonic()
+    time.sleep(4 * EVALUATION + GROUP_WAIT)
+    firing = [a for a in alerts() if a["state"] == "firing"]
+    assert firing == [], firing
+    assert [a for a in monitored.alerts if a["received"] >= since] == []
+
+
+def test_a_held_host_lock_shows_as_maintenance(monitored):
+    holder = guest("exec 9>>/run/k26-deploy/lock; flock -n 9 || exit 75; "
+                   "echo 'feed tester@controller controller-pid 1 since 2026-01-01T00:00:00Z ttl 60' > /run/k26-deploy/holder; "
+                   "setsid sleep 120 </dev/null >/dev/null 2>&1 & echo $!", host="k26-sandbox-2").stdout.strip()
+    try:
+        wait_for(lambda: value('k26_maintenance{host="sandbox2"}') == 1, 4 * SCRAPE + 15, "maintenance seen")
+        # held since January with a 60 s TTL: past its TTL, which K26LockHeldTooLong fires on (no `for`)
+        monitored.wait("K26LockHeldTooLong", "firing", 4 * SCRAPE + GROUP_WAIT + 15, host="sandbox2", lock="host")
+    finally:
+        guest(f"kill {holder}; rm -f /run/k26-deploy/holder", host="k26-sandbox-2", check=False)
+    wait_for(lambda: value('k26_maintenance{host="sandbox2"}') == 0, 4 * SCRAPE + 15, "maintenance over")
+    monitored.wait("K26LockHeldTooLong", "resolved", 60, host="sandbox2", lock="host")
+
+
+def test_a_stopped_server_and_a_worker_out_of_the_pool_reach_the_receiver_in_time(monitored):
+    t0 = time.monotonic()
+    guest("systemctl stop k26-ddtree", host="k26-sandbox-2")
+    guest(f"{TOOL} take-out http://127.0.0.1:30000 --timeout 60", host="k26-gateway")
+    try:
+        bound = SERVER_DOWN_FOR + SCRAPE + 2 * EVALUATION + GROUP_WAIT + 15
+        down = monitored.wait("K26ServerDown", "firing", bound + 10, host="sandbox2")
+        out = monitored.wait("K26GatewayWorkerNotReady", "firing", bound + 10, worker="http://127.0.0.1:30000")
+        assert out["labels"]["host"] == "sandbox"
+        # not before the rules' `for`, and within it plus one scrape, the evaluations and the group wait
+        assert SERVER_DOWN_FOR <= down["received"] - t0 <= bound, down["received"] - t0
+        assert GATEWAY_FOR <= out["received"] - t0 <= bound, out["received"] - t0
+        assert monitored.find("K26ServerDown", "firing", host="sandbox") is None       # its server kept running
+        assert down["annotations"]["summary"] and "rollback" in down["annotations"]["description"]
+    finally:
+        guest("systemctl start k26-ddtree", host="k26-sandbox-2")
+        guest(f"{TOOL} put-back http://127.0.0.1:30000 --timeout 120", host="k26-gateway")
+    # resolved once put right (send_resolved; within the group interval)
+    monitored.wait("K26ServerDown", "resolved", 120, host="sandbox2")
+    monitored.wait("K26GatewayWorkerNotReady", "resolved", 120, worker="http://127.0.0.1:30000")
+    wait_for(lambda: value('count(smg_worker_health == 1)') == 2, 120, "both workers ready again")
+
+
+def test_the_fleet_status_command_shows_each_host_from_prometheus(monitored):
+    """k26-fleet-status on the monitor host, as the role installed it, against its Prometheus."""
+    rows = {r["host"]: r for r in json.loads(guest("k26-fleet-status --json", host="k26-gateway").stdout)}
+    assert sorted(rows) == ["sandbox", "sandbox2"]
+    for name, row in rows.items():
+        assert row["up"] and row["in_pool"] == "yes" and row["algorithm"] == "DDTREE" and row["release"], row
+        assert row["gpus"].startswith("none (no nvidia-smi") and row["accept_length"] is not None, row
+    table = guest("k26-fleet-status", host="k26-gateway").stdout
+    assert table.splitlines()[0].split()[:4] == ["host", "up", "pool", "release"] and len(table.splitlines()) == 3
