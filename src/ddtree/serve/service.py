@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 
 from ddtree.reference.engine import Decoder, Generation, RequestParams
 from ddtree.reference.tokenizer import ByteTokenizer
+from ddtree.serve.detokenize import IncrementalText, StopScan
 from ddtree.serve.errors import RETRY_AFTER_S, BadRequest, Overloaded
 from ddtree.serve.metrics import ServerMetrics
 from ddtree.serve.schemas import SamplingFields
@@ -59,7 +60,7 @@ class ServerSettings:
 class Progress:
     """A request's output so far, after one of its decode events."""
 
-    tokens: list[int]                 # every token emitted so far
+    tokens: list[int]                 # every token emitted so far (one list, grown in place: copy to keep)
     text: str                         # their text, cut before the first stop string
     stopped: bool                     # a stop string ended the text
     final: Generation | None          # set once the engine finished the request
@@ -68,12 +69,6 @@ class Progress:
     @property
     def finish_reason(self) -> str:
         return "stop" if self.stopped or self.final is None or self.final.finish_reason == "stop" else "length"
-
-
-def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """Text up to the first stop string (excluded), and whether one was found."""
-    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
 
 
 def stop_strings(body: SamplingFields) -> list[str]:
@@ -141,16 +136,16 @@ class Service:
     async def follow(self, prompt: list[int], params: RequestParams, seed: int | None = None,
                      stops: list[str] | None = None) -> AsyncIterator[Progress]:
         """The request's Progress after each event; ends at its last event, an error or a stop string."""
-        tokens: list[int] = []
+        text = IncrementalText(self.tokenizer)        # decodes a short window per event, not the whole answer
+        scan = StopScan(stops or [])
         final: Generation | None = None
         async for event in self.run(prompt, params, seed):
             if event.error:
-                yield Progress(tokens, "", False, final, event.error)
+                yield Progress(text.tokens, "", False, final, event.error)
                 return
-            tokens = tokens + event.tokens
             final = event.final or final
-            text, hit = cut_at_stop(self.tokenizer.decode(tokens), stops or [])
-            yield Progress(tokens, text, hit, final)
+            cut, hit = scan.cut(text.add(event.tokens), len(text.committed))
+            yield Progress(text.tokens, cut, hit, final)
             if hit:
                 return
 
