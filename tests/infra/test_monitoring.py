@@ -129,6 +129,11 @@ def test_every_target_is_scraped_with_its_host_and_the_host_metrics_arrive(monit
     assert {r["metric"]["host"] for r in query("k26_gateway_expected_worker")} == {"sandbox", "sandbox2"}
     assert {r["metric"]["worker"]: r["value"][1] for r in query("smg_worker_health")} == \
         {"http://127.0.0.1:30000": "1", "http://127.0.0.1:30001": "1"}
+    # the monitoring units are hardened like the service's (systemd's exposure score, 10 = none)
+    for name, host in (("k26-prometheus", "k26-gateway"), ("k26-alertmanager", "k26-gateway"),
+                       ("k26-node-exporter", "k26-sandbox-2")):
+        score = guest(f"systemd-analyze security {name} | tail -1", host=host).stdout.split()
+        assert float(score[score.index("exposure") + 1]) <= 2.5, (name, score)
     # the rules Prometheus runs are the repository's
     names = {r["name"] for g in httpx.get(PROMETHEUS + "/api/v1/rules").json()["data"]["groups"] for r in g["rules"]}
     assert {"K26ServerDown", "K26GatewayWorkerNotReady", "K26AcceptLengthLow", "K26LockHeldTooLong"} <= names
