@@ -15,7 +15,9 @@ Standard library + jinja2 + PyYAML (present in every venv that runs these tests)
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +45,12 @@ GATEWAY_TAKE_OUT = ("gateway: take-out", "roles/gateway/tasks/take_out.yml",
                     "Take this host out of the gateway's pool and wait for its requests to drain")
 GATEWAY_PUT_BACK = ("gateway: put-back", "roles/gateway/tasks/put_back.yml",
                     "Put this host back into the gateway's pool and wait until it is routed to")
+GATEWAY_POOL_AS_LEFT = ("gateway: pool as an earlier run left it", "playbooks/deploy.yml",
+                        "Read the pool as an earlier run left it")
 JIT_WARMUP = ("gpu_host: JIT warm-up", "roles/gpu_host/tasks/warmup.yml",
               "Build the plugin's JIT kernels as the service user (cached under the state directory)")
 ALL_TASKS = (VERIFY_MODEL_INFO, VERIFY_SMOKE, VALIDATE, SWEEP, GATEWAY_STATUS, GATEWAY_PROBE, GATEWAY_TAKE_OUT,
-             GATEWAY_PUT_BACK, JIT_WARMUP)
+             GATEWAY_PUT_BACK, GATEWAY_POOL_AS_LEFT, JIT_WARMUP)
 
 
 @dataclass(frozen=True)
@@ -73,19 +77,29 @@ def _yaml(rel: str):
 
 
 def find_task(rel: str, name: str) -> dict:
-    """The task called `name` in a task file, looking inside block/rescue/always."""
+    """The task called `name` in a task file or a playbook's plays, looking inside block/rescue/always."""
     stack = list(_yaml(rel))
     while stack:
         task = stack.pop(0)
-        if task.get("name") == name and "block" not in task:
+        if task.get("name") == name and "block" not in task and "tasks" not in task:
             return task
-        for key in ("block", "rescue", "always"):
+        for key in ("tasks", "block", "rescue", "always"):
             stack.extend(task.get(key) or [])
     raise LookupError(f"{rel} has no task named {name!r}: the playbook changed; update tests/playbook_clients.py")
 
 
+def _lookup(kind: str, term: str, default: str | None = None) -> str:
+    """Ansible's env and pipe lookups, as the controller answers them."""
+    if kind == "ansible.builtin.env":
+        return os.environ.get(term, default if default is not None else "")
+    if kind == "ansible.builtin.pipe":
+        return subprocess.run(term, shell=True, capture_output=True, text=True, check=True).stdout.rstrip("\n")
+    raise LookupError(f"tests/playbook_clients.py does not render lookup({kind!r}): add it")
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.globals["lookup"] = _lookup
     env.filters["quote"] = lambda v: shlex.quote(str(v))
     env.filters["bool"] = lambda v: v if isinstance(v, bool) else BOOLS[str(v).lower()]
     return env
@@ -128,7 +142,8 @@ def base_variables(site: Site) -> dict:
     values = {**role_defaults("k26_defaults"), **role_defaults("verify"), **role_defaults("gateway")}
     values.update(k26_port=site.port, k26_verify_host="127.0.0.1", k26_served_model_name=site.served_model_name,
                   k26_api_key_file=site.config_file, k26_config_dir=str(Path(site.config_file).parent),
-                  playbook_dir=str(ROOT / "playbooks"), role_path=str(ROOT / "roles/gateway"))
+                  playbook_dir=str(ROOT / "playbooks"), role_path=str(ROOT / "roles/gateway"),
+                  ansible_play_name="Deploy k26-ddtree")
     values.update(site.values)
     return values
 
@@ -152,7 +167,7 @@ def gateway_calls(site: Site, worker_url: str) -> dict[str, ClientCall]:
     """The gateway role's commands (status, probe) and the pool's (take-out, put-back of worker_url)."""
     values = {**base_variables(site), "k26_gateway_worker_url": worker_url}
     return {spec[0]: render_call(spec, site, values) for spec in (GATEWAY_STATUS, GATEWAY_PROBE, GATEWAY_TAKE_OUT,
-                                                                   GATEWAY_PUT_BACK)}
+                                                                   GATEWAY_PUT_BACK, GATEWAY_POOL_AS_LEFT)}
 
 
 def warmup_call(site: Site) -> ClientCall:

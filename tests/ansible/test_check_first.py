@@ -27,7 +27,7 @@ def test_every_playbook_starts_with_the_input_check_play(playbook):
 
 def test_the_input_check_play_covers_every_host_and_stops_the_whole_run():
     play = yaml.safe_load((ROOT / "playbooks/check_inputs.yml").read_text())[0]
-    assert set(play["hosts"].split(":")) == {"k26", "k26_gateway"}
+    assert set(play["hosts"].split(":")) == {"k26", "k26_gateway", "k26_monitor"}
     assert play["any_errors_fatal"] is True and play["gather_facts"] is False
 
 

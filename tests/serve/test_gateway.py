@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import playbook_clients as pc
+
 from .conftest import API_KEY, free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,6 +286,15 @@ def test_a_worker_taken_out_and_not_put_back_is_reported_out_with_who_took_it_ou
     assert [w["url"] for w in out] == [url]
     assert out[0]["reason"].startswith("Deploy k26-ddtree by ops@controller at ") and "not put back since" in out[0]["reason"]
     assert not out[0]["healthy"] and not out[0]["authorized"]
+    # deploy.yml's own command (its first gateway play reads the pool as this run left it), rendered
+    # from the playbook with the host's paths mapped to this fleet's
+    site = pc.Site(port=0, config_file=str(tmp_path / "unused.yaml"), served_model_name="m", paths={
+        "/opt/k26-gateway/venv/bin/python": fleet.python, "/opt/k26-gateway/bin/k26_gateway.py": str(SCRIPT),
+        "/etc/k26-gateway/gateway.yaml": str(fleet.config), "/opt/k26-gateway/state/out": str(record)})
+    call = pc.gateway_calls(site, url)["gateway: pool as an earlier run left it"]
+    left = subprocess.run(call.argv, capture_output=True, text=True, timeout=180)
+    assert left.returncode == 0, left.stderr
+    assert [(w["url"], w["status"]) for w in json.loads(left.stdout) if w["status"] == "out"] == [(url, "out")]
     assert pool("put-back", url).returncode == 0
     assert not [w for w in json.loads(pool("status").stdout) if w["status"] == "out"]
     assert not list(record.iterdir())
