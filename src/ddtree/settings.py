@@ -89,3 +89,61 @@ class DDTreeSettings:
         for message in self.problems(names, cap_within_budget):
             raise DDTreeConfigError(message)
         return self
+
+
+# --- a width by running batch size (issue 32) ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Schedule:
+    """A value by running batch size: `steps` ((from_batch, value), ...) with from_batch 1 first and
+    increasing; a batch of b requests takes the value of the last step whose from_batch <= b.
+    Written `1:64,8:32,32:8`; a plain `32` is the one-step schedule `1:32`."""
+
+    steps: tuple[tuple[int, int], ...]
+
+    def at(self, batch: int) -> int:
+        """The value for a running batch of `batch` requests (>= 1)."""
+        value = self.steps[0][1]
+        for start, v in self.steps:
+            if start > batch:
+                break
+            value = v
+        return value
+
+    @property
+    def values(self) -> tuple[int, ...]:
+        return tuple(sorted({v for _, v in self.steps}))
+
+    def __str__(self) -> str:
+        return str(self.steps[0][1]) if len(self.steps) == 1 else ",".join(f"{b}:{v}" for b, v in self.steps)
+
+
+def parse_schedule(text: str | int, name: str, maximum: int = MAX_BUDGET) -> Schedule:
+    """`32` or `1:64,8:32,32:8` -> Schedule; DDTreeConfigError naming `name`, the value and the rule."""
+    raw = str(text).strip()
+    fix = (f"expected one integer 1..{maximum} or BATCH:VALUE pairs by running batch size, the first at batch 1 "
+           f"and the batches increasing, e.g. 1:64,8:32,32:8")
+    if raw.isdigit():
+        steps = ((1, int(raw)),)
+    else:
+        try:
+            steps = tuple((int(b), int(v)) for b, v in (part.split(":") for part in raw.split(",")))
+        except ValueError:
+            raise DDTreeConfigError(f"{name}={raw!r} is invalid: {fix}") from None
+    if not steps or steps[0][0] != 1 or any(b2 <= b1 for (b1, _), (b2, _) in zip(steps, steps[1:])):
+        raise DDTreeConfigError(f"{name}={raw!r} is invalid: {fix}")
+    bad = [v for _, v in steps if not 1 <= v <= maximum]
+    if bad:
+        raise DDTreeConfigError(f"{name}={raw!r} is invalid: {bad[0]} is outside 1..{maximum}; {fix}")
+    return Schedule(steps)
+
+
+def schedule_problems(budget: Schedule, topk_cap: Schedule, block_size: int | None,
+                      names: SettingNames = PYTHON_NAMES) -> list[str]:
+    """The single-value rules at every batch size where either schedule changes (cap <= budget, the
+    block fits the verify window), each message naming the batch size."""
+    out = []
+    for batch in sorted({b for b, _ in budget.steps} | {b for b, _ in topk_cap.steps}):
+        for message in DDTreeSettings(budget.at(batch), topk_cap.at(batch), block_size).problems(names):
+            out.append(f"from batch size {batch}: {message}")
+    return out
