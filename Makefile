@@ -105,7 +105,7 @@ test: venv sandbox sglang-venv gateway-venv promtool
 	$(MAKE) --no-print-directory -j2 -O test-sandbox-lane test-cpu-lane
 
 test-sandbox-lane:
-	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -p no:cacheprovider $(PYTEST_ARGS)
+	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 
 # the CPU lane runs at a lower priority: the sandbox lane is the longer one (its waits are timed)
 test-cpu-lane:

@@ -38,13 +38,18 @@ class Play:
 SINGLE_HOST = ("--limit", "sandbox", "-e", "k26_gateway_pool=false")
 
 
-def deploy(*extra: str, tmp: Path | None = None, playbook: str = "deploy.yml", fleet: bool = False) -> Play:
+def deploy(*extra: str, tmp: Path | None = None, playbook: str = "deploy.yml", fleet: bool = False,
+           monitoring: bool = False) -> Play:
+    """Run a playbook against the sandbox. deploy.yml's monitoring play (on by default for operators)
+    is left out unless asked for: test_monitoring.py deploys it and tests it; every other deploy
+    here would only re-check it unchanged (~8 s a host), which `make test` cannot afford ~40 times."""
     env = os.environ.copy()
     scratch = tmp or CACHE / "ansible-test"
     env.update(PATH=f"{BIN}:{env.get('PATH', '')}", ANSIBLE_HOME=str(scratch / "home"),
                ANSIBLE_LOCAL_TEMP=str(scratch / "tmp"), ANSIBLE_NOCOLOR="1")
     t0 = time.perf_counter()
     scope = () if fleet else SINGLE_HOST
+    scope += () if monitoring or playbook != "deploy.yml" else ("-e", "k26_monitoring=false")
     r = subprocess.run([str(BIN / "ansible-playbook"), playbook, *scope, *extra], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1800)
     return Play(r.returncode, r.stdout + r.stderr, time.perf_counter() - t0)

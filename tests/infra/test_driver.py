@@ -30,7 +30,7 @@ case "$*" in
   *name,driver_version*) echo "NVIDIA H200, {VERSION}" ;;
   *pci.bus_id*) echo "00000000:FF:00.0" ;;
   *driver_version*) echo "{VERSION}" ;;
-  *topo*) printf 'GPU0\\tCPU Affinity\\tNUMA Affinity\\tGPU NUMA ID\\nGPU0\\t X \\t0-1\\t0\\t\\tN/A\\n' ;;
+  *topo*) printf '\\tGPU0\\tCPU Affinity\\tNUMA Affinity\\tGPU NUMA ID\\nGPU0\\t X \\t0-1\\t0\\t\\tN/A\\n' ;;
   *) echo "| NVIDIA-SMI {VERSION}   Driver Version: {VERSION}   CUDA Version: 13.0 |" ;;
 esac
 """

@@ -56,7 +56,7 @@ def test_a_held_lock_its_age_and_ttl_and_the_rest_of_the_state(tmp_path):
               "expected_workers": {"http://10.0.0.2:30000": "gpu2"}}
     with open(locks / "lock", "a") as holder:               # the holder loop's flock, as another open file
         fcntl.flock(holder, fcntl.LOCK_EX)
-        lines = collector.state_lines(config, time.time(), Path("/proc/locks").read_text())
+        lines = collector.state_lines(config, time.time())
     by_name = {ln.split("{")[0] + ln.split("{")[1].split("}")[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines}
     assert by_name[f'k26_lock_heldlock="host",lock_dir="{locks}"'] == 1
     assert 118 <= by_name[f'k26_lock_held_secondslock="host",lock_dir="{locks}"'] <= 125
@@ -66,7 +66,7 @@ def test_a_held_lock_its_age_and_ttl_and_the_rest_of_the_state(tmp_path):
     assert 0 < by_name[f'k26_snapshot_disk_used_ratiopath="{tmp_path / "not-yet"}"'] < 1
     assert 'k26_alert_threshold{name="accept_length_floor"} 2.5' in lines
     assert 'k26_gateway_expected_worker{worker="http://10.0.0.2:30000",host="gpu2"} 1' in lines
-    assert "k26_maintenance{} 0" in collector.state_lines(config, time.time(), Path("/proc/locks").read_text())  # released
+    assert "k26_maintenance{} 0" in collector.state_lines(config, time.time())  # released
 
 
 def test_the_command_writes_both_files_whole(tmp_path):
@@ -81,3 +81,22 @@ def test_the_command_writes_both_files_whole(tmp_path):
     assert (out / "k26-gpu.prom").read_text() == 'k26_gpu_collector_skipped{reason="no nvidia-smi on this host"} 1\n'
     assert 'k26_alert_threshold{name="queue_depth_max"} 8' in (out / "k26-state.prom").read_text()
 
+
+
+def test_a_lock_whose_locking_process_ended_is_still_held(tmp_path):
+    """The host lock as try_lock takes it: `flock` (gone at once) locks descriptor 9 of a shell whose
+    background loop keeps the descriptor; the lock is held while the loop runs, then free."""
+    folder = tmp_path / "run-k26-deploy"
+    folder.mkdir()
+    loop = subprocess.Popen(["bash", "-c", f'exec 9>>{folder}/lock; flock --nonblock 9 || exit 75; '
+                             'exec sleep 30'], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not collector.lock_state(folder, time.time()).held:
+            assert loop.poll() is None and time.monotonic() < deadline, "the loop never took the lock"
+            time.sleep(0.05)
+        assert collector.lock_state(folder, time.time()).held            # the probe did not take it
+    finally:
+        loop.kill()
+        loop.wait()
+    assert not collector.lock_state(folder, time.time()).held

@@ -18,6 +18,7 @@ k26-state.prom    the deploy locks (held, since how long, their TTL: k26_mainten
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -98,20 +99,29 @@ class LockState:
     ttl_seconds: float
 
 
-def flock_held(path: Path, proc_locks: str) -> bool:
-    """Whether any process holds a flock on the file, read from /proc/locks (`N: FLOCK ADVISORY
-    WRITE PID MAJ:MIN:INODE 0 EOF`) without trying the lock: a try, however short, could make a
-    deploy's own non-blocking try fail at that moment."""
-    st = path.stat()
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    return any(f[1] == "FLOCK" and f[5] == ident for f in (ln.split() for ln in proc_locks.splitlines()) if len(f) > 5)
+def flock_held(path: Path) -> bool:
+    """Whether a process holds the file's flock: a non-blocking try on an open file of our own,
+    released at once. /proc/locks cannot say: it hides a flock whose locking process has ended
+    (the holder loop keeps the descriptor, the `flock` command that took the lock is gone) from
+    every pid namespace but the first, a container's included. A deploy's own try waits 2 s
+    (host_lock's try_lock), so this moment's hold never fails it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
-def lock_state(folder: Path, now: float, proc_locks: str) -> LockState:
+def lock_state(folder: Path, now: float) -> LockState:
     """A lock is held while a process holds its flock (the holder loop does); its record says since
     when and for how long."""
     lock = folder / "lock"
-    if not lock.exists() or not flock_held(lock, proc_locks):
+    if not lock.exists() or not flock_held(lock):
         return LockState(False, 0.0, 0.0)
     found = HOLDER.match((folder / "holder").read_text()) if (folder / "holder").exists() else None
     if not found:
@@ -120,11 +130,11 @@ def lock_state(folder: Path, now: float, proc_locks: str) -> LockState:
     return LockState(True, max(0.0, now - since), float(found["ttl"]))
 
 
-def state_lines(config: dict, now: float, proc_locks: str) -> list[str]:
+def state_lines(config: dict, now: float) -> list[str]:
     out = []
     maintenance = 0
     for name, folder in config.get("locks", {}).items():
-        state = lock_state(Path(folder), now, proc_locks)
+        state = lock_state(Path(folder), now)
         labels = {"lock": name, "lock_dir": folder}
         out += [line("k26_lock_held", labels, int(state.held)), line("k26_lock_held_seconds", labels, state.held_seconds),
                 line("k26_lock_ttl_seconds", labels, state.ttl_seconds)]
@@ -192,7 +202,7 @@ def main(argv=None) -> int:
     unit_text = unit.read_text() if unit is not None and unit.exists() else None
     current = Path(config.get("current_release", "/nonexistent"))
     release = current.resolve().name if current.is_symlink() else ""
-    write_textfile(args.out, "k26-state.prom", state_lines(config, time.time(), Path("/proc/locks").read_text()) + service_lines(unit_text, release))
+    write_textfile(args.out, "k26-state.prom", state_lines(config, time.time()) + service_lines(unit_text, release))
     return 0
 
 
