@@ -100,3 +100,18 @@ def test_a_lock_whose_locking_process_ended_is_still_held(tmp_path):
         loop.kill()
         loop.wait()
     assert not collector.lock_state(folder, time.time()).held
+
+
+def test_xid_lines_come_from_dmesg_on_a_host_without_journalctl(tmp_path, monkeypatch):
+    """The H200 test bed has nvidia-smi and no journalctl: the collector read no kernel log there
+    until it fell back to dmesg (it crashed first)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dmesg").write_text("#!/bin/sh\nprintf 'usb 1-1: new device\\n" + KERNEL.replace("\n", "\\n") + "'\n")
+    (bin_dir / "dmesg").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    log = collector.kernel_log()
+    assert log.count("NVRM: Xid") == 3 and "usb" not in log
+    assert 'k26_gpu_xid_errors_total{pci="0000:81:00",xid="79"} 2' in collector.gpu_lines(SMI, log)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert collector.kernel_log() == ""

@@ -85,9 +85,20 @@ def read_gpus() -> tuple[str | None, str]:
         return None, ""
     smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, timeout=60)
-    log = subprocess.run(["journalctl", "-k", "-b", "--no-pager", "-o", "cat", "--grep", "NVRM: Xid"],
-                         capture_output=True, text=True, timeout=60)
-    return (smi.stdout if smi.returncode == 0 else None), log.stdout
+    return (smi.stdout if smi.returncode == 0 else None), kernel_log()
+
+
+def kernel_log() -> str:
+    """This boot's kernel lines with `NVRM: Xid`: the journal's, else dmesg's (a host or container
+    without journalctl), else none."""
+    if shutil.which("journalctl"):
+        argv = ["journalctl", "-k", "-b", "--no-pager", "-o", "cat", "--grep", "NVRM: Xid"]
+    elif shutil.which("dmesg"):
+        argv = ["dmesg", "--notime"]
+    else:
+        return ""
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+    return "".join(line + "\n" for line in out.splitlines() if "NVRM: Xid" in line)
 
 
 # --- locks, disks, thresholds, expected workers --------------------------------------------------
