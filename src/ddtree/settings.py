@@ -121,6 +121,7 @@ class Schedule:
 def parse_schedule(text: str | int, name: str, maximum: int = MAX_BUDGET) -> Schedule:
     """`32` or `1:64,8:32,32:8` -> Schedule; DDTreeConfigError naming `name`, the value and the rule."""
     raw = str(text).strip()
+    shown = raw or "''"
     fix = (f"expected one integer 1..{maximum} or BATCH:VALUE pairs by running batch size, the first at batch 1 "
            f"and the batches increasing, e.g. 1:64,8:32,32:8")
     if raw.isdigit():
@@ -129,12 +130,12 @@ def parse_schedule(text: str | int, name: str, maximum: int = MAX_BUDGET) -> Sch
         try:
             steps = tuple((int(b), int(v)) for b, v in (part.split(":") for part in raw.split(",")))
         except ValueError:
-            raise DDTreeConfigError(f"{name}={raw!r} is invalid: {fix}") from None
+            raise DDTreeConfigError(f"{name}={shown} is invalid: {fix}") from None
     if not steps or steps[0][0] != 1 or any(b2 <= b1 for (b1, _), (b2, _) in zip(steps, steps[1:])):
-        raise DDTreeConfigError(f"{name}={raw!r} is invalid: {fix}")
+        raise DDTreeConfigError(f"{name}={shown} is invalid: {fix}")
     bad = [v for _, v in steps if not 1 <= v <= maximum]
     if bad:
-        raise DDTreeConfigError(f"{name}={raw!r} is invalid: {bad[0]} is outside 1..{maximum}; {fix}")
+        raise DDTreeConfigError(f"{name}={shown} is invalid: {bad[0]} is outside 1..{maximum}; {fix}")
     return Schedule(steps)
 
 

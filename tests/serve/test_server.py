@@ -320,3 +320,34 @@ def test_a_ddtree_budget_the_draft_block_does_not_fit_exits_2(pair_dir):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--speculative-ddtree-budget=2 is invalid with block size 4" in r.stderr
     assert "use a budget >= 3" in r.stderr
+
+
+@pytest.mark.parametrize("budget,cap,message", [
+    ("1:32,8:", "4", "--speculative-ddtree-budget=1:32,8: is invalid: expected one integer 1..1023 or BATCH:VALUE pairs"),
+    ("1:32,8:4", "1:4,8:8", "from batch size 8: --speculative-ddtree-topk-cap=8 is invalid"),
+    ("1:32,16:2", "1", "from batch size 16: --speculative-ddtree-budget=2 is invalid with block size 4"),
+])
+def test_a_bad_budget_schedule_exits_2_naming_the_batch_size(pair_dir, budget, cap, message):
+    exe = Path(sys.executable).with_name("ddtree-serve")
+    r = subprocess.run([str(exe), "--model-path", str(pair_dir / "target"), "--speculative-draft-model-path",
+                        str(pair_dir / "draft"), "--speculative-ddtree-budget", budget,
+                        "--speculative-ddtree-topk-cap", cap], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_a_budget_schedule_is_served_and_shown_as_written(pair_dir):
+    """The server decodes with the width for the requests it runs; /server_info shows the schedule."""
+    from ddtree.serve import cli
+
+    ap = cli.parser()
+    args = cli.parse_args(ap, ["--model-path", str(pair_dir / "target"), "--speculative-draft-model-path",
+                               str(pair_dir / "draft"), "--speculative-ddtree-budget", "1:16,2:8,4:3",
+                               "--speculative-ddtree-topk-cap", "1:4,4:2"])
+    cli.check_args(ap, args)
+    decoder, settings = cli.load(args, ap)
+    assert (settings.budget, settings.topk_cap) == ("1:16,2:8,4:3", "1:4,4:2")
+    assert [decoder.width(n) for n in (1, 2, 3, 4, 48)] == [(16, 4), (8, 4), (8, 4), (3, 2), (3, 2)]
+    one = cli.parse_args(ap, ["--model-path", str(pair_dir / "target"), "--speculative-draft-model-path",
+                              str(pair_dir / "draft"), "--speculative-ddtree-budget", "12"])
+    cli.check_args(ap, one)
+    assert cli.load(one, ap)[1].budget == 12                        # one value stays a number

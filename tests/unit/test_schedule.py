@@ -27,7 +27,8 @@ def test_each_batch_size_takes_the_last_step_at_or_below_it():
 def test_a_bad_schedule_names_the_flag_the_value_and_the_rule(text, why):
     with pytest.raises(DDTreeConfigError) as err:
         parse_schedule(text, "--speculative-ddtree-budget")
-    assert str(err.value).startswith(f"--speculative-ddtree-budget={text.strip()!r} is invalid") and why in str(err.value)
+    shown = text.strip() or "''"
+    assert str(err.value).startswith(f"--speculative-ddtree-budget={shown} is invalid") and why in str(err.value)
 
 
 def test_the_single_value_rules_hold_at_every_step_of_both_schedules():

@@ -20,7 +20,7 @@ from ddtree.reference.graphed import BUCKETS, GraphRunner
 from ddtree.reference.pair import Pair
 from ddtree.reference.step import BatchState, Generation, RequestParams, Stage, StepIO, run_marked
 from ddtree.reference.target import TargetOutput
-from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings
+from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings, Schedule
 from ddtree.types import DraftTree, SamplingParams
 from ddtree.verify import node_targets
 
@@ -35,13 +35,15 @@ def _check(name: str, ok: bool, value, allowed: str) -> None:
 class Decoder:
     """Decodes batches with one pair and one method; `start` then `step` until `state.done`."""
 
-    def __init__(self, pair: Pair, method: str = "ddtree", budget: int = DEFAULT_BUDGET,
-                 topk_cap: int = DEFAULT_TOPK_CAP,
+    def __init__(self, pair: Pair, method: str = "ddtree", budget: int | Schedule = DEFAULT_BUDGET,
+                 topk_cap: int | Schedule = DEFAULT_TOPK_CAP,
                  corrupt_every: int = 0, cuda_graphs: bool = False, graph_buckets: tuple[int, ...] | None = None,
                  split_stages: bool = False):
         """cuda_graphs: replay each step as a CUDA graph captured per batch bucket (graph_buckets,
         default 1, 2, 4, ..., 32; see ddtree.reference.graphed); split_stages captures one graph per
-        stage (for timing the stages). corrupt_every: TEST ONLY. Every that many verify steps, replace the emitted bonus token of
+        stage (for timing the stages). budget / topk_cap: one value, or a Schedule by running batch
+        size (each step's tree takes the width for the requests still running; eager only).
+        corrupt_every: TEST ONLY. Every that many verify steps, replace the emitted bonus token of
         a speculative method by another token (the engine itself goes on from the real one), so
         that validation tooling can be shown to catch a broken accepted path. 0 = off."""
         _check("method", method in METHODS, method, f"expected one of {METHODS}")
@@ -53,16 +55,31 @@ class Decoder:
         self.depth = pair.block_size - 1 if method != "ar" else 0  # L
         if method == "dflash":
             budget, topk_cap = self.depth, 1                      # the chain
+        self.budget_schedule, self.topk_cap_schedule = as_schedule(budget), as_schedule(topk_cap)
         # the engine verifies trees shallower than the draft's block and takes any cap (it keeps
         # min(cap, budget, V) candidates): the block rule and cap <= budget are a server's
-        DDTreeSettings(budget, topk_cap).check(cap_within_budget=False)
-        self.budget, self.topk_cap = budget, topk_cap
+        for batch in self._schedule_steps():
+            DDTreeSettings(*self.width(batch)).check(cap_within_budget=False)
+        self.budget = max(self.budget_schedule.values)            # the widest tree: the verify window
+        self.topk_cap = max(self.topk_cap_schedule.values)
+        if cuda_graphs and len(self._schedule_steps()) > 1:
+            raise ValueError(f"budget={budget} / topk_cap={topk_cap}: a schedule by batch size runs eagerly in the "
+                             "reference engine (its graphs hold one width per bucket): turn CUDA graphs off "
+                             "(--cuda-graph-backend-decode disabled) or give one value")
         p = pair.target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
         self.capture = tuple(pair.draft.config.target_layer_ids) if method != "ar" else ()
         self.graphs = None
         if cuda_graphs:
             self.graphs = GraphRunner(self, graph_buckets or BUCKETS, split_stages)
+
+    def _schedule_steps(self) -> list[int]:
+        return sorted({b for b, _ in self.budget_schedule.steps} | {b for b, _ in self.topk_cap_schedule.steps})
+
+    def width(self, running: int) -> tuple[int, int]:
+        """(budget, topk_cap) of a step with `running` requests still decoding (>= 1)."""
+        running = max(running, 1)
+        return self.budget_schedule.at(running), self.topk_cap_schedule.at(running)
 
     @property
     def context_length(self) -> int:
@@ -183,8 +200,9 @@ class Decoder:
             state.live_of = list(state.active)
 
     def step_io(self, state: BatchState) -> StepIO:
+        budget, topk_cap = self.width(sum(state.active))           # a host list: no synchronisation
         return StepIO(roots=state.roots, lengths=state.lengths, live=state.live, params=state.params,
-                      generator=state.generator, cache=state.cache, ctx=state.ctx)
+                      generator=state.generator, cache=state.cache, ctx=state.ctx, budget=budget, topk_cap=topk_cap)
 
     def finish_step(self, state: BatchState, io: StepIO) -> list[list[int]]:
         """Host side of a step (its one synchronisation): log-probs if asked, then the commit."""
@@ -226,7 +244,9 @@ class Decoder:
         io.draft_logits = self.pair.draft(io.roots, io.lengths, io.ctx, io.lengths)  # [bs, L, V]
 
     def _stage_build(self, io: StepIO) -> None:
-        io.tree = build_tree(io.draft_logits, io.roots, budget=self.budget, topk_cap=self.topk_cap)
+        # a graph's StepIO carries no width (0): its bucket was captured at the decoder's one width
+        io.tree = build_tree(io.draft_logits, io.roots, budget=io.budget or self.budget,
+                             topk_cap=io.topk_cap or self.topk_cap)
 
     def _stage_target(self, io: StepIO) -> None:
         io.out = self._verify_pass(io, io.tree)
@@ -307,8 +327,13 @@ class Decoder:
         return new
 
 
+def as_schedule(value: int | Schedule) -> Schedule:
+    """One value as the one-step schedule; a Schedule as it is."""
+    return value if isinstance(value, Schedule) else Schedule(((1, int(value)),))
+
+
 def generate(pair: Pair, prompts: list[list[int]], *, max_new_tokens: int, method: str = "ar",
-             budget: int = DEFAULT_BUDGET, topk_cap: int = DEFAULT_TOPK_CAP, temperature: float = 0.0, top_p: float = 1.0,
+             budget: int | Schedule = DEFAULT_BUDGET, topk_cap: int | Schedule = DEFAULT_TOPK_CAP, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = -1, min_p: float = 0.0, seed: int | None = None,
              stop_token_ids=None) -> list[Generation]:
     """Decode a batch of prompts (lists of token ids) to completion with one method."""

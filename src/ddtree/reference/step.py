@@ -98,6 +98,8 @@ class StepIO:
     generator: torch.Generator | None
     cache: KVCache
     ctx: KVCache | None
+    budget: int = 0                  # this step's tree width (a schedule's, by running batch); 0 = the decoder's
+    topk_cap: int = 0
     draft_logits: torch.Tensor | None = None
     tree: DraftTree | None = None
     out: TargetOutput | None = None

@@ -16,7 +16,8 @@ import uvicorn
 from ddtree.reference.engine import Decoder
 from ddtree.reference.pair import Pair, load_draft, load_target
 from ddtree.serve.app import ServerSettings, create_app
-from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, SERVER_FLAGS, DDTreeSettings
+from ddtree.settings import (DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, SERVER_FLAGS, DDTreeConfigError, Schedule,
+                             parse_schedule, schedule_problems)
 
 ALGORITHMS = {"DDTREE": "ddtree", "DFLASH": "dflash", "NONE": "ar"}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -27,10 +28,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-path", required=True, help="target directory (config.json, model.safetensors)")
     ap.add_argument("--speculative-draft-model-path", help="DFlash draft directory (needed unless NONE)")
     ap.add_argument("--speculative-algorithm", type=str.upper, choices=sorted(ALGORITHMS), default="DDTREE")
-    ap.add_argument("--speculative-ddtree-budget", type=int, default=DEFAULT_BUDGET,
-                    help=f"draft-tree nodes verified per step (1..{MAX_BUDGET})")
-    ap.add_argument("--speculative-ddtree-topk-cap", type=int, default=DEFAULT_TOPK_CAP,
-                    help="candidate tokens per depth (1..budget)")
+    ap.add_argument("--speculative-ddtree-budget", default=DEFAULT_BUDGET,
+                    help=f"draft-tree nodes verified per step (1..{MAX_BUDGET}), or a schedule by running batch "
+                         "size such as 1:64,8:32,32:8 (eager decoding only)")
+    ap.add_argument("--speculative-ddtree-topk-cap", default=DEFAULT_TOPK_CAP,
+                    help="candidate tokens per depth (1..budget), or a schedule by running batch size")
     ap.add_argument("--speculative-dflash-block-size", type=int, default=None,
                     help="must equal the draft's block size (read from its config.json when omitted)")
     ap.add_argument("--host", default="127.0.0.1")
@@ -103,7 +105,8 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.speculative_algorithm != "NONE" and not args.speculative_draft_model_path:
         ap.error(f"--speculative-algorithm {args.speculative_algorithm} needs --speculative-draft-model-path DIR "
                  "(or use --speculative-algorithm NONE)")
-    shape = DDTreeSettings(args.speculative_ddtree_budget, args.speculative_ddtree_topk_cap).problems(SERVER_FLAGS)
+    read_schedules(ap, args)
+    shape = schedule_problems(args.speculative_ddtree_budget, args.speculative_ddtree_topk_cap, None, SERVER_FLAGS)
     if shape:
         ap.error(shape[0])
     for flag in ("max_running_requests",
@@ -120,6 +123,20 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error("--previous-api-key equals --api-key: set previous-api-key to the key being retired, or remove it")
 
 
+def read_schedules(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The budget and cap flags (a number, `1:64,8:32`, or already read) as Schedules, in place."""
+    try:
+        args.speculative_ddtree_budget = parse_schedule(args.speculative_ddtree_budget, SERVER_FLAGS.budget)
+        args.speculative_ddtree_topk_cap = parse_schedule(args.speculative_ddtree_topk_cap, SERVER_FLAGS.topk_cap)
+    except DDTreeConfigError as err:
+        ap.error(str(err))
+
+
+def shown(schedule: Schedule) -> int | str:
+    """What /server_info says: the one value as a number, a schedule as it is written."""
+    return schedule.steps[0][1] if len(schedule.steps) == 1 else str(schedule)
+
+
 def graph_buckets(max_bs: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to max_bs (max_bs itself included)."""
     out, b = [], 1
@@ -130,6 +147,7 @@ def graph_buckets(max_bs: int) -> tuple[int, ...]:
 
 
 def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder, ServerSettings]:
+    read_schedules(ap, args)
     dtype = DTYPES[args.dtype]
     try:
         target, tokenizer = load_target(args.model_path, device=args.device, dtype=dtype)
@@ -145,19 +163,23 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
         ap.error(f"--speculative-dflash-block-size {args.speculative_dflash_block_size} does not match the "
                  f"draft's block_size {block}: omit the flag or use {block}")
     if args.speculative_algorithm == "DDTREE":
-        fit = DDTreeSettings(args.speculative_ddtree_budget, args.speculative_ddtree_topk_cap, block).problems(SERVER_FLAGS)
+        fit = schedule_problems(args.speculative_ddtree_budget, args.speculative_ddtree_topk_cap, block, SERVER_FLAGS)
         if fit:
             ap.error(fit[0])
     pair = Pair(target=target, draft=draft, tokenizer=tokenizer)
     graphs = args.cuda_graph_backend_decode != "disabled" and args.device.startswith("cuda")
-    decoder = Decoder(pair, ALGORITHMS[args.speculative_algorithm], args.speculative_ddtree_budget,
-                      args.speculative_ddtree_topk_cap, corrupt_every=args.test_corrupt_accepted_path,
-                      cuda_graphs=graphs, graph_buckets=graph_buckets(args.cuda_graph_max_bs_decode or 32))
+    try:
+        decoder = Decoder(pair, ALGORITHMS[args.speculative_algorithm], args.speculative_ddtree_budget,
+                          args.speculative_ddtree_topk_cap, corrupt_every=args.test_corrupt_accepted_path,
+                          cuda_graphs=graphs, graph_buckets=graph_buckets(args.cuda_graph_max_bs_decode or 32))
+    except ValueError as err:                  # a schedule under graphs
+        ap.error(f"--speculative-ddtree-budget {args.speculative_ddtree_budget}: {err}")
     if args.cuda_graph_max_bs_decode and not graphs:
         logging.getLogger("ddtree.serve").info("CUDA graphs requested but device=%s: decoding eagerly", args.device)
     settings = ServerSettings(
         model_path=args.model_path, draft_model_path=args.speculative_draft_model_path,
-        speculative_algorithm=args.speculative_algorithm, budget=decoder.budget, topk_cap=decoder.topk_cap,
+        speculative_algorithm=args.speculative_algorithm, budget=shown(decoder.budget_schedule),
+        topk_cap=shown(decoder.topk_cap_schedule),
         block_size=block, host=args.host, port=args.port, api_key=args.api_key,
         previous_api_key=args.previous_api_key,
         enable_metrics=args.enable_metrics, device=args.device, dtype=args.dtype,

@@ -28,8 +28,8 @@ class ServerSettings:
     model_path: str
     draft_model_path: str | None
     speculative_algorithm: str
-    budget: int
-    topk_cap: int
+    budget: int | str              # one value, or a schedule by running batch size as written (1:64,8:32)
+    topk_cap: int | str
     block_size: int
     host: str
     port: int
