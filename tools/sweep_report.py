@@ -5,12 +5,18 @@ thresholds.json holds the monitoring role's two speculation floors (k26_alert_sw
 accept length under which K26AcceptLengthLow fires (ACCEPT_FLOOR_SHARE of the best configuration's)
 and the tokens/s per request under which K26SlowerThanBaseline fires (NONE's, same graph setting).
 
+schedule.json holds the DDTree width by running batch size this sweep measured (issue 32): at each
+concurrency it ran, the fastest DDTREE configuration at temperature 0 (same CUDA-graph setting as the
+best overall), the value measured at concurrency C applying from a running batch of C (the lowest from
+1); with the best reference at that load beside it, and where DDTREE loses, by how much.
+
 Usage: python tools/sweep_report.py RESULTS_DIR   (reads RESULTS_DIR/rows.json written by sweep.yml)
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -36,15 +42,21 @@ def greedy_ok(rows: list[dict], algorithm: str) -> list[dict]:
             and r.get("algorithm", "DDTREE") == algorithm]
 
 
+def alike(row: dict, other: dict) -> bool:
+    """The same CUDA-graph setting and load (concurrency)."""
+    return str(row["cuda_graph"]) == str(other["cuda_graph"]) and row.get("concurrency") == other.get("concurrency")
+
+
 def comparison(rows: list[dict]) -> dict | None:
-    """The best DDTREE configuration at temperature 0 and how it compares with DFLASH and NONE."""
+    """The best DDTREE configuration at temperature 0 and how it compares with DFLASH and NONE at
+    the same graph setting and load."""
     trees = greedy_ok(rows, "DDTREE")
     if not trees:
         return None
     best = max(trees, key=speed)
     out = {"best": best}
     for ref in ("DFLASH", "NONE"):
-        same = [r for r in greedy_ok(rows, ref) if str(r["cuda_graph"]) == str(best["cuda_graph"])]
+        same = [r for r in greedy_ok(rows, ref) if alike(r, best)]
         if same and speed(same[0]) > 0:
             out[f"vs_{ref.lower()}"] = round(speed(best) / speed(same[0]), 3)
     return out
@@ -66,11 +78,65 @@ def thresholds(summary: dict | None, rows: list[dict]) -> dict:
     out = {"accept_length_floor": round(ACCEPT_FLOOR_SHARE * accept_length(best), 3),
            "from": {"budget": best["budget"], "topk_cap": best["topk_cap"], "cuda_graph": best["cuda_graph"],
                     "accept_length": accept_length(best)}}
-    none = [r for r in greedy_ok(rows, "NONE") if str(r["cuda_graph"]) == str(best["cuda_graph"])]
+    none = [r for r in greedy_ok(rows, "NONE") if alike(r, best)]
     if none and int(none[0].get("concurrency") or 0) > 0:
         out["tokens_per_s_per_request_floor"] = round(speed(none[0]) / int(none[0]["concurrency"]), 3)
         out["from"]["none_tokens_per_s"] = speed(none[0])
     return out
+
+
+def schedule_picks(rows: list[dict], graphs) -> list[dict]:
+    """At each concurrency measured: the fastest DDTREE row at temperature 0 with CUDA graphs `graphs`,
+    and the fastest reference (NONE or DFLASH) at the same load and graph setting."""
+    same = [r for r in rows if str(r.get("cuda_graph")) == str(graphs)]
+    picks = []
+    for level in sorted({int(r.get("concurrency") or 0) for r in greedy_ok(same, "DDTREE")}):
+        trees = [r for r in greedy_ok(same, "DDTREE") if int(r.get("concurrency") or 0) == level]
+        refs = [r for ref in ("NONE", "DFLASH") for r in greedy_ok(same, ref) if int(r.get("concurrency") or 0) == level]
+        best, ref = max(trees, key=speed), max(refs, key=speed, default=None)
+        picks.append({"concurrency": level, "budget": int(best["budget"]), "topk_cap": int(best["topk_cap"]),
+                      "tokens_per_s": speed(best), "accept_length": accept_length(best),
+                      "reference": ref["algorithm"] if ref else None, "reference_tokens_per_s": speed(ref) if ref else None,
+                      "vs_reference": round(speed(best) / speed(ref), 3) if ref and speed(ref) > 0 else None})
+    return picks
+
+
+def schedule_text(picks: list[dict], key: str) -> str:
+    """`1:64,8:32,32:8` from the picks (a step only where the value changes); one value when it never does."""
+    steps: list[tuple[int, int]] = []
+    for i, pick in enumerate(picks):
+        if not steps or steps[-1][1] != pick[key]:
+            steps.append((1 if i == 0 else pick["concurrency"], pick[key]))
+    return str(steps[0][1]) if len(steps) == 1 else ",".join(f"{b}:{v}" for b, v in steps)
+
+
+def schedule(summary: dict | None, rows: list[dict]) -> dict:
+    """schedule.json: the budget and cap schedules in the inventory's variable names, and the picks
+    they came from; {} when the sweep has no DDTREE row at temperature 0."""
+    if not summary:
+        return {}
+    graphs = summary["best"]["cuda_graph"]
+    picks = schedule_picks(rows, graphs)
+    return {"k26_ddtree_budget": schedule_text(picks, "budget"), "k26_ddtree_topk_cap": schedule_text(picks, "topk_cap"),
+            "cuda_graph": graphs, "temperature": 0.0, "picks": picks,
+            "loses_at": [p["concurrency"] for p in picks if p["vs_reference"] is not None and p["vs_reference"] < 1]}
+
+
+def schedule_lines(plan: dict) -> list[str]:
+    """The schedule section of results.md."""
+    if not plan:
+        return []
+    lines = ["", f"Schedule by running batch size (temperature 0, CUDA graphs {plan['cuda_graph']}): "
+                 f"budget `{plan['k26_ddtree_budget']}`, top-k cap `{plan['k26_ddtree_topk_cap']}`", "",
+             "| concurrency | budget | top-k cap | tokens/s | accept length | best reference | its tokens/s | DDTREE / reference |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {p['concurrency']} | {p['budget']} | {p['topk_cap']} | {p['tokens_per_s']} | {p['accept_length']} | "
+              f"{p['reference'] or '-'} | {p['reference_tokens_per_s'] or '-'} | {p['vs_reference'] or '-'} |"
+              for p in plan["picks"]]
+    if plan["loses_at"]:
+        lines += ["", "DDTREE is slower than the best reference at concurrency "
+                      + ", ".join(str(c) for c in plan["loses_at"]) + ": no width wins there."]
+    return lines
 
 
 def write_csv(rows: list[dict], out: Path) -> None:
@@ -80,7 +146,7 @@ def write_csv(rows: list[dict], out: Path) -> None:
         w.writerows(rows)
 
 
-def write_table(rows: list[dict], out: Path, summary: dict | None) -> None:
+def write_table(rows: list[dict], out: Path, summary: dict | None, plan: dict | None = None) -> None:
     lines = ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
     lines += ["| " + " | ".join("" if r.get(f) is None else str(r.get(f)) for f in FIELDS) + " |" for r in rows]
     if summary:
@@ -90,6 +156,7 @@ def write_table(rows: list[dict], out: Path, summary: dict | None) -> None:
                       f"CUDA graphs {best['cuda_graph']}: {speed(best)} tokens/s, "
                       f"accept length {best.get('server_accept_length') or best['accept_length']}"
                       + (f" ({ratios})" if ratios else "")]
+    lines += schedule_lines(plan or {})
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -97,16 +164,20 @@ def write_plot(rows: list[dict], out: Path) -> None:
     ok = greedy_ok(rows, "DDTREE")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     graph_settings = sorted({str(r["cuda_graph"]) for r in ok})
-    for cap in sorted({r["topk_cap"] for r in ok}):
-        for graphs in graph_settings:
-            pts = sorted((int(r["budget"]), r) for r in ok if r["topk_cap"] == cap and str(r["cuda_graph"]) == graphs)
-            label = f"cap {cap}" + ("" if len(graph_settings) == 1 else f", graphs {graphs}")
+    levels = sorted({int(r.get("concurrency") or 0) for r in ok})
+    for cap, graphs, level in itertools.product(sorted({r["topk_cap"] for r in ok}), graph_settings, levels):
+        pts = sorted(((int(r["budget"]), r) for r in ok if r["topk_cap"] == cap and str(r["cuda_graph"]) == graphs
+                      and int(r.get("concurrency") or 0) == level), key=lambda p: p[0])
+        if pts:
+            label = (f"cap {cap}" + ("" if len(graph_settings) == 1 else f", graphs {graphs}")
+                     + ("" if len(levels) == 1 else f", {level} at once"))
             ax1.plot([b for b, _ in pts], [r.get("server_accept_length") or r["accept_length"] or 0 for _, r in pts],
                      marker="o", label=label)
             ax2.plot([b for b, _ in pts], [speed(r) for _, r in pts], marker="o", label=label)
     for ref, style in (("DFLASH", "--"), ("NONE", ":")):
         for r in greedy_ok(rows, ref):
-            label = ref + ("" if len(graph_settings) <= 1 else f", graphs {r['cuda_graph']}")
+            label = (ref + ("" if len(graph_settings) <= 1 else f", graphs {r['cuda_graph']}")
+                     + ("" if len(levels) <= 1 else f", {r.get('concurrency')} at once"))
             ax2.axhline(speed(r), linestyle=style, color="black", label=label)
             if ref == "DFLASH" and (r.get("server_accept_length") or r.get("accept_length")):
                 ax1.axhline(r.get("server_accept_length") or r["accept_length"], linestyle=style, color="black",
@@ -125,11 +196,14 @@ def main(argv: list[str]) -> int:
     out = Path(argv[1])
     rows = json.loads((out / "rows.json").read_text())
     summary = comparison(rows)
+    plan = schedule(summary, rows)
     write_csv(rows, out)
-    write_table(rows, out, summary)
+    write_table(rows, out, summary, plan)
     write_plot(rows, out)
     (out / "thresholds.json").write_text(json.dumps(thresholds(summary, rows), indent=2) + "\n")
-    print(json.dumps({**(summary or {"best": None}), "results": str(out)}))
+    (out / "schedule.json").write_text(json.dumps(plan, indent=2) + "\n")
+    print(json.dumps({**(summary or {"best": None}), "results": str(out),
+                      "schedule": {k: plan[k] for k in ("k26_ddtree_budget", "k26_ddtree_topk_cap", "loses_at")} if plan else None}))
     return 0
 
 

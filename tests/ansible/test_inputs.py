@@ -106,6 +106,8 @@ MALFORMED = [
     ("sweep_budgets", [8, "16 --x"], "expected an integer 1..1023"),
     ("sweep_budgets", [], "expected a non-empty list"),
     ("sweep_references", "NONE", "expected a list"),
+    ("sweep_concurrency_levels", [1, 8, "48; reboot"], "expected an integer 1..1024"),
+    ("sweep_concurrency_levels", list(range(1, 14)), "at most 12"),
     ("validate_near_tie_margin", "wide", "expected a number 0..1"),
     ("snapshot_tag", "tag with spaces", "a tag name"),
     ("snapshot_force", "perhaps", "expected true or false"),
@@ -199,7 +201,7 @@ def test_the_playbook_templates_quote_or_cast_what_they_paste_into_command_lines
     for text in (health, smoke, sweep):
         lines = [line for line in text.splitlines() if "k26_client.py" in line]
         assert lines and not any(re.search(r"\{\{ *k26_(port|verify_host) *\}\}", line) for line in lines), lines
-    assert "{{ item | float }}" in sweep and "{{ item }}" not in sweep
+    assert "{{ item.0 | float }}" in sweep and "{{ item.1 | int }}" in sweep and "{{ item }}" not in sweep
     assert "k26_cuda_major | int" in nvcc and not re.search(r"\{\{ *k26_cuda_major *\}\}\"", nvcc)
     unit = (ROOT / "templates/etc/systemd/system/k26-ddtree.service.j2").read_text()
     assert "DeviceAllow={{ device | k26_unit_value }}" in unit

@@ -52,3 +52,42 @@ def test_the_command_writes_thresholds_json_beside_the_results(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "thresholds.json").read_text())["accept_length_floor"] == 5.6
     assert {p.name for p in tmp_path.iterdir()} >= {"results.csv", "results.md", "plot.png", "thresholds.json"}
+
+
+def grid() -> list[dict]:
+    """Three loads: wide trees win alone, narrow ones at 8, and at 32 nothing beats NONE."""
+    speeds = {1: {(64, 8): 900.0, (16, 4): 700.0, (8, 4): 600.0},
+              8: {(64, 8): 2000.0, (16, 4): 2600.0, (8, 4): 2500.0},
+              32: {(64, 8): 3000.0, (16, 4): 4800.0, (8, 4): 5200.0}}
+    refs = {1: (300.0, 450.0), 8: (2100.0, 1900.0), 32: (6000.0, 5000.0)}       # NONE, DFLASH
+    rows = []
+    for c, configs in speeds.items():
+        rows += [row("DDTREE", t, 4.0, b, cap, concurrency=c) for (b, cap), t in configs.items()]
+        rows += [row("DDTREE", t * 3, 4.0, b, cap, concurrency=c, temperature=0.7) for (b, cap), t in configs.items()]
+        rows += [row("DDTREE", t * 5, 4.0, b, cap, concurrency=c, graphs=False) for (b, cap), t in configs.items()]
+        rows += [row("NONE", refs[c][0], 1.0, concurrency=c), row("DFLASH", refs[c][1], 3.0, concurrency=c)]
+    return rows
+
+
+def test_the_schedule_takes_the_fastest_width_at_each_load_with_the_graph_setting_of_the_best():
+    rows = [r for r in grid() if r["cuda_graph"] is True]
+    plan = report.schedule(report.comparison(rows), rows)
+    assert (plan["k26_ddtree_budget"], plan["k26_ddtree_topk_cap"]) == ("1:64,8:16,32:8", "1:8,8:4")
+    assert [(p["concurrency"], p["reference"], p["vs_reference"]) for p in plan["picks"]] == \
+        [(1, "DFLASH", 2.0), (8, "NONE", round(2600 / 2100, 3)), (32, "NONE", round(5200 / 6000, 3))]
+    assert plan["loses_at"] == [32]
+    # the graphs-off rows are the fastest overall here, so the schedule is theirs
+    everything = grid()
+    assert report.schedule(report.comparison(everything), everything)["cuda_graph"] is False
+
+
+def test_one_load_gives_one_value_and_the_command_writes_the_schedule(tmp_path):
+    rows = [r for r in grid() if r["concurrency"] == 8 and r["cuda_graph"] is True]
+    plan = report.schedule(report.comparison(rows), rows)
+    assert (plan["k26_ddtree_budget"], plan["k26_ddtree_topk_cap"]) == ("16", "4")
+    (tmp_path / "rows.json").write_text(json.dumps([r for r in grid() if r["cuda_graph"] is True]))
+    subprocess.run([sys.executable, str(ROOT / "tools/sweep_report.py"), str(tmp_path)], check=True, capture_output=True)
+    written = json.loads((tmp_path / "schedule.json").read_text())
+    assert written["k26_ddtree_budget"] == "1:64,8:16,32:8"
+    table = (tmp_path / "results.md").read_text()
+    assert "budget `1:64,8:16,32:8`, top-k cap `1:8,8:4`" in table and "at concurrency 32" in table

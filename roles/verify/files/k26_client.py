@@ -153,7 +153,9 @@ def load(url: str, model: str, max_tokens: int, concurrency: int, temperature: f
     before = counters(url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: chat(url, model, max_tokens, p, temperature), PROMPTS))
+        # every worker gets a request: the prompt set repeated up to the concurrency
+        prompts = PROMPTS * -(-concurrency // len(PROMPTS))
+        results = list(pool.map(lambda p: chat(url, model, max_tokens, p, temperature), prompts))
     wall = time.perf_counter() - t0
     after = counters(url)
     ok = [r for r in results if "error" not in r]
