@@ -232,6 +232,16 @@ def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
     assert {"target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens"} <= params.keys()
 
 
+def test_the_worker_module_is_imported_only_when_the_worker_is_asked_for():
+    """ddtree.sglang.worker (the release flag and the factory) imports no SGLang module; the worker
+    class lives at module level in ddtree.sglang.tree_worker, which the factory imports."""
+    r = fresh("import sys\nfrom ddtree.sglang import worker\n"
+              "print(sorted(m for m in sys.modules if m == 'sglang' or m.startswith(('sglang.', 'ddtree.sglang.tree_worker'))))\n"
+              "cls = worker.make_worker_class()\nprint(cls.__module__, cls.__qualname__, 'sglang' in sys.modules)\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:2] == ["[]", "ddtree.sglang.tree_worker DDTreeWorker True"], r.stdout
+
+
 def test_the_worker_decodes_ddtree_in_this_release():
     from ddtree.sglang import worker
 
