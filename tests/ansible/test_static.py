@@ -177,8 +177,21 @@ def test_sandbox_unit_runs_ddtree_serve(tmp_path, vault_pass):
     (tmp_path / "k26.yaml").write_text(files["sandbox.yaml"])
     argv = " ".join(flags).replace("/etc/k26/k26-ddtree.yaml", str(tmp_path / "k26.yaml")).split()
     args = parse_args(parser(), argv)
-    assert args.speculative_ddtree_budget == 16 and args.cuda_graph_backend_decode == "disabled"
+    assert str(args.speculative_ddtree_budget) == "16" and args.cuda_graph_backend_decode == "disabled"
     assert args.api_key == "sandbox-demo-key"
+
+
+def test_a_budget_schedule_renders_as_written_and_ddtree_serve_takes_it(tmp_path, vault_pass):
+    from ddtree.serve.cli import check_args, parse_args, parser
+
+    files = render("sandbox", tmp_path, vault_pass, "-e",
+                   json.dumps({"k26_ddtree_budget": "1:16,4:8,16:3", "k26_ddtree_topk_cap": "1:4,16:2"}))
+    flags = exec_flags(files["sandbox.service"])
+    assert "--speculative-ddtree-budget 1:16,4:8,16:3" in flags and "--speculative-ddtree-topk-cap 1:4,16:2" in flags
+    ap = parser()
+    args = parse_args(ap, " ".join(f for f in flags if not f.startswith("--config")).split())
+    check_args(ap, args)
+    assert [args.speculative_ddtree_budget.at(n) for n in (1, 4, 48)] == [16, 8, 3]
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +219,15 @@ BAD_PREFLIGHT = [
     ({"k26_nccl_p2p": "maybe"}, "k26_nccl_p2p=maybe is invalid: expected auto"),
     ({"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": 2, "k26_ddtree_topk_cap": 1},
      "k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4: the draft's block must fit in the verify window"),
+    # a schedule by running batch size (ddtree-serve's): its form, and the rules at every batch size
+    ({"k26_ddtree_budget": "8:32,16:8"}, "k26_ddtree_budget=8:32,16:8 is invalid: expected an integer 1..1023 or BATCH:VALUE"),
+    ({"k26_ddtree_budget": "1:32,16:2000"}, "k26_ddtree_budget=1:32,16:2000 is invalid"),
+    ({"k26_ddtree_budget": "1:32,16:8", "k26_ddtree_topk_cap": "1:8,16:16"},
+     "from batch size 16: k26_ddtree_topk_cap=16 is invalid: expected an integer 1..k26_ddtree_budget (8)"),
+    ({"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "1:32,8:2", "k26_ddtree_topk_cap": 1},
+     "from batch size 8: k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4"),
+    ({"k26_server_kind": "sglang", "k26_ddtree_budget": "1:32,8:16", "k26_attention_backend": "triton"},
+     "a schedule by running batch size is taken by ddtree-serve (k26_server_kind: reference)"),
     ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_attention_backend": "fa3"},
      "k26_attention_backend=fa3 cannot verify a DDTree with sglang"),
     ({"k26_api_key": ""}, "k26_api_key is empty: the server would run without authentication"),
@@ -255,6 +277,12 @@ def test_preflight_refuses_a_host_python_that_is_not_the_locks(tmp_path, pair_di
 
 def test_preflight_passes_good_settings(tmp_path, pair_dir):
     r = preflight(tmp_path, pair_dir, {})
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_preflight_passes_a_schedule_for_ddtree_serve(tmp_path, pair_dir):
+    r = preflight(tmp_path, pair_dir, {"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "1:32,4:8,16:3",
+                                       "k26_ddtree_topk_cap": "1:8,16:2"})
     assert r.returncode == 0, r.stdout[-3000:]
 
 

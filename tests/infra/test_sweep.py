@@ -24,7 +24,16 @@ def original_is_running() -> None:
 
 
 def test_sweep_writes_results_and_restores_the_original(converged, tmp_path):
-    play = deploy("-e", SMALL, "-e", f"sweep_results_root={tmp_path}", tmp=tmp_path / "a", playbook="playbooks/sweep.yml")
+    """Two loads (1 and 2 at once), the schedule written into an inventory overlay's host_vars, and
+    the next deploy from that inventory rendering and serving it."""
+    overlay = tmp_path / "overlay"
+    (overlay / "host_vars").mkdir(parents=True)
+    (overlay / "hosts.yml").write_text("all:\n  children:\n    k26:\n      hosts:\n        sandbox:\n")
+    schedule_file = overlay / "host_vars" / "sandbox" / "ddtree_schedule.yml"
+    loads = json.dumps({"sweep_concurrency_levels": [1, 2], "sweep_write_schedule": True,
+                        "sweep_schedule_file": str(schedule_file)})
+    play = deploy("-e", SMALL, "-e", loads, "-e", f"sweep_results_root={tmp_path}", tmp=tmp_path / "a",
+                  playbook="playbooks/sweep.yml")
     assert play.rc == 0, play.out[-4000:]
     [run] = [p for p in tmp_path.iterdir() if p.name.endswith("Z")]
     rows = list(csv.DictReader((run / "results.csv").open()))
@@ -45,9 +54,33 @@ def test_sweep_writes_results_and_restores_the_original(converged, tmp_path):
     best = max((r for r in rows if r["algorithm"] == "DDTREE" and r["temperature"] == "0.0"),
                key=lambda r: float(r["server_tokens_per_s"]))
     assert floors["accept_length_floor"] == round(0.8 * float(best["server_accept_length"]), 3)
-    [none] = [r for r in rows if r["algorithm"] == "NONE" and r["temperature"] == "0.0"]
+    [none] = [r for r in rows if r["algorithm"] == "NONE" and r["temperature"] == "0.0"
+              and r["concurrency"] == best["concurrency"]]
     assert floors["tokens_per_s_per_request_floor"] == round(float(none["server_tokens_per_s"]) / int(none["concurrency"]), 3)
     assert "best" in play.out
+    original_is_running()
+    # every configuration at both loads; the schedule is the fastest DDTREE budget at each load
+    assert {(r["algorithm"], r["budget"], r["concurrency"]) for r in rows if r["temperature"] == "0.0"} == \
+        {(a, b, c) for a, b in configs for c in ("1", "2")}
+    fastest = {c: max((r for r in rows if r["algorithm"] == "DDTREE" and r["temperature"] == "0.0"
+                       and r["concurrency"] == c and r["cuda_graph"] == best["cuda_graph"]),
+                      key=lambda r: float(r["server_tokens_per_s"]))["budget"] for c in ("1", "2")}
+    want = fastest["1"] if fastest["1"] == fastest["2"] else f"1:{fastest['1']},2:{fastest['2']}"
+    plan = json.loads((run / "schedule.json").read_text())
+    assert plan["k26_ddtree_budget"] == want and plan["k26_ddtree_topk_cap"] == "4", plan
+    written = schedule_file.read_text()
+    assert f'k26_ddtree_budget: "{want}"' in written and 'k26_ddtree_topk_cap: "4"' in written
+    # the next deploy from the inventory with the overlay renders and serves it; then the original again
+    try:
+        rendered = deploy("-i", "inventory/sandbox", "-i", str(overlay))
+        assert rendered.rc == 0, rendered.out[-4000:]
+        assert f"--speculative-ddtree-budget {want}" in guest("cat /etc/systemd/system/k26-ddtree.service").stdout
+        info = json.loads(guest("curl -s -H 'Authorization: Bearer sandbox-demo-key' "
+                                "http://127.0.0.1:30000/server_info").stdout)   # the sandbox inventory's key
+        assert str(info["budget"]) == want, info
+    finally:
+        back = deploy()
+    assert back.rc == 0, back.out[-4000:]
     original_is_running()
 
 

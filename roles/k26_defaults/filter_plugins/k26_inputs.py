@@ -54,6 +54,48 @@ def _int(value, rule: Mapping) -> str | None:
     return None
 
 
+def _schedule_pairs(value) -> list[tuple[int, int]] | None:
+    """`32` or `1:64,8:32,32:8` -> [(from_batch, value), ...]; None when it is neither."""
+    text = str(value).strip()
+    if isinstance(value, bool):
+        return None
+    if re.fullmatch(r"[0-9]+", text):
+        return [(1, int(text))]
+    if not re.fullmatch(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*", text):
+        return None
+    return [(int(b), int(v)) for b, v in (part.split(":") for part in text.split(","))]
+
+
+def _schedule(value, rule: Mapping) -> str | None:
+    """One integer, or a schedule by running batch size (ddtree-serve's --speculative-ddtree-budget)."""
+    expected = (f"expected an integer {_range(rule)} or BATCH:VALUE pairs by running batch size, the first at "
+                f"batch 1 and the batches increasing, each value {_range(rule)} (e.g. 1:64,8:32,32:8)")
+    pairs = _schedule_pairs(value)
+    if pairs is None or pairs[0][0] != 1 or any(b2 <= b1 for (b1, _), (b2, _) in zip(pairs, pairs[1:])):
+        return expected
+    low, high = rule.get("min", 0), rule.get("max")
+    if any(v < low or (high is not None and v > high) for _, v in pairs):
+        return expected
+    return None
+
+
+def k26_schedule_steps(budget, topk_cap, block_size=0) -> list[dict]:
+    """At each batch size where the budget or the cap schedule changes: the two values and whether
+    the rules between them hold there (cap <= budget; budget + 1 >= the draft's block). Both must
+    have passed their `schedule` rule."""
+    b_pairs, c_pairs = _schedule_pairs(budget), _schedule_pairs(topk_cap)
+
+    def at(pairs, batch):
+        return [v for start, v in pairs if start <= batch][-1]
+
+    out = []
+    for batch in sorted({b for b, _ in b_pairs} | {b for b, _ in c_pairs}):
+        b, c = at(b_pairs, batch), at(c_pairs, batch)
+        out.append({"batch": batch, "budget": b, "topk_cap": c, "cap_over_budget": c > b,
+                    "block_short": b + 1 < int(block_size or 0)})
+    return out
+
+
 def _range(rule: Mapping) -> str:
     return f"{rule.get('min', 0)}..{rule['max']}" if "max" in rule else f">= {rule.get('min', 0)}"
 
@@ -281,7 +323,7 @@ def _apt_source(value, rule: Mapping) -> str | None:
 
 CHECKS: dict[str, Callable] = {
     "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "choice": _choice, "args": _args, "env": _env,
-    "api_key": _api_key, "api_keys": _api_keys, "list": _list, "url": _url,
+    "schedule": _schedule, "api_key": _api_key, "api_keys": _api_keys, "list": _list, "url": _url,
     "device": _pattern(DEVICE, "a DeviceAllow entry: char-NAME, block-NAME or /dev/PATH, then r, w and/or m"),
     "git_ref": _pattern(GIT_REF, "a tag name of letters, digits and ._- (starting with a letter or digit)"),
     "model_name": _pattern(MODEL_NAME, "1-128 characters of letters, digits and ._:/- starting with a letter or digit"),
@@ -348,4 +390,4 @@ def k26_unit_value(value) -> str:
 class FilterModule:
     def filters(self):
         return {"k26_input_errors": k26_input_errors, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
-                "k26_unit_value": k26_unit_value}
+                "k26_unit_value": k26_unit_value, "k26_schedule_steps": k26_schedule_steps}
