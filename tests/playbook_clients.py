@@ -151,15 +151,17 @@ def base_variables(site: Site) -> dict:
 def server_calls(site: Site, algorithm: str) -> list[ClientCall]:
     """Every command the playbooks run against one server: the deploy's verify role (its /health GET
     is an `uri` task), validate.yml's client for this configuration, sweep.yml's for each of its
-    temperatures."""
+    temperatures (at its default load)."""
     values = base_variables(site)
     calls = [render_call(VERIFY_MODEL_INFO, site, values), render_call(VERIFY_SMOKE, site, values)]
     validate = {**play_vars("playbooks/validate.yml"), **values}
     calls.append(render_call(VALIDATE, site, {**validate, "validate_config": {"name": algorithm,
                                                                               "algorithm": algorithm}}, algorithm))
     sweep = {**play_vars("playbooks/sweep.yml"), **values}
+    # the task loops over temperature x load (sweep_concurrency_levels, else sweep_concurrency)
     for temperature in sweep["sweep_temperatures"]:
-        calls.append(render_call(SWEEP, site, {**sweep, "item": temperature}, f"temperature {temperature}"))
+        item = [temperature, sweep["sweep_concurrency"]]
+        calls.append(render_call(SWEEP, site, {**sweep, "item": item}, f"temperature {temperature}"))
     return calls
 
 
