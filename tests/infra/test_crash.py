@@ -14,10 +14,10 @@ SAMPLE = [
     # the unit and env written, the restart handler not yet run: the re-run renders nothing new and
     # must still restart (the lost-restart case)
     ("kill", "Verify the unit with systemd-analyze", 12),
-    # the connection dies while the host answers the smoke requests of the new unit: no rescue, no always, the
-    # host lock left held by a run that is gone
-    ("ssh-drop", "Send smoke chat completions", 8),
 ]
+# A dropped connection in the smoke requests (no rescue, no always, the locks of a run that is gone)
+# is test_fleet.py's host lost mid-roll, behind the gateway; `make crash-test MODE=ssh-drop` runs it
+# at every task boundary. One sample here keeps `make test` within its time.
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def inventory_settings_after(converged):
     assert play.rc == 0, play.out[-3000:]
 
 
-@pytest.mark.parametrize("mode,at_name,budget", SAMPLE, ids=["killed-after-render", "ssh-dropped-in-smoke"])
+@pytest.mark.parametrize("mode,at_name,budget", SAMPLE, ids=["killed-after-render"])
 def test_a_deploy_interrupted_at_a_task_boundary_is_made_whole_by_the_next_run(inventory_settings_after, mode,
                                                                                 at_name, budget):
     point = interrupt_and_rerun(deploy_to(budget), mode=mode, at_name=at_name)
