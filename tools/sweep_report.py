@@ -89,10 +89,12 @@ def schedule_picks(rows: list[dict], graphs) -> list[dict]:
     """At each concurrency measured: the fastest DDTREE row at temperature 0 with CUDA graphs `graphs`,
     and the fastest reference (NONE or DFLASH) at the same load and graph setting."""
     same = [r for r in rows if str(r.get("cuda_graph")) == str(graphs)]
+    all_trees = greedy_ok(same, "DDTREE")
+    all_refs = greedy_ok(same, "NONE") + greedy_ok(same, "DFLASH")
     picks = []
-    for level in sorted({int(r.get("concurrency") or 0) for r in greedy_ok(same, "DDTREE")}):
-        trees = [r for r in greedy_ok(same, "DDTREE") if int(r.get("concurrency") or 0) == level]
-        refs = [r for ref in ("NONE", "DFLASH") for r in greedy_ok(same, ref) if int(r.get("concurrency") or 0) == level]
+    for level in sorted({int(r.get("concurrency") or 0) for r in all_trees}):
+        trees = [r for r in all_trees if int(r.get("concurrency") or 0) == level]
+        refs = [r for r in all_refs if int(r.get("concurrency") or 0) == level]
         best, ref = max(trees, key=speed), max(refs, key=speed, default=None)
         picks.append({"concurrency": level, "budget": int(best["budget"]), "topk_cap": int(best["topk_cap"]),
                       "tokens_per_s": speed(best), "accept_length": accept_length(best),

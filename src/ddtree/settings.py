@@ -139,12 +139,17 @@ def parse_schedule(text: str | int, name: str, maximum: int = MAX_BUDGET) -> Sch
     return Schedule(steps)
 
 
+def schedule_batches(*schedules: Schedule) -> list[int]:
+    """The batch sizes where any of the schedules changes, ascending (1 first)."""
+    return sorted({b for schedule in schedules for b, _ in schedule.steps})
+
+
 def schedule_problems(budget: Schedule, topk_cap: Schedule, block_size: int | None,
                       names: SettingNames = PYTHON_NAMES) -> list[str]:
     """The single-value rules at every batch size where either schedule changes (cap <= budget, the
     block fits the verify window), each message naming the batch size."""
     out = []
-    for batch in sorted({b for b, _ in budget.steps} | {b for b, _ in topk_cap.steps}):
+    for batch in schedule_batches(budget, topk_cap):
         for message in DDTreeSettings(budget.at(batch), topk_cap.at(batch), block_size).problems(names):
             out.append(f"from batch size {batch}: {message}")
     return out

@@ -20,7 +20,7 @@ from ddtree.reference.graphed import BUCKETS, GraphRunner
 from ddtree.reference.pair import Pair
 from ddtree.reference.step import BatchState, Generation, RequestParams, Stage, StepIO, run_marked
 from ddtree.reference.target import TargetOutput
-from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings, Schedule
+from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings, Schedule, schedule_batches
 from ddtree.types import DraftTree, SamplingParams
 from ddtree.verify import node_targets
 
@@ -58,11 +58,12 @@ class Decoder:
         self.budget_schedule, self.topk_cap_schedule = as_schedule(budget), as_schedule(topk_cap)
         # the engine verifies trees shallower than the draft's block and takes any cap (it keeps
         # min(cap, budget, V) candidates): the block rule and cap <= budget are a server's
-        for batch in self._schedule_steps():
+        steps = schedule_batches(self.budget_schedule, self.topk_cap_schedule)
+        for batch in steps:
             DDTreeSettings(*self.width(batch)).check(cap_within_budget=False)
         self.budget = max(self.budget_schedule.values)            # the widest tree: the verify window
         self.topk_cap = max(self.topk_cap_schedule.values)
-        if cuda_graphs and len(self._schedule_steps()) > 1:
+        if cuda_graphs and len(steps) > 1:
             raise ValueError(f"budget={budget} / topk_cap={topk_cap}: a schedule by batch size runs eagerly in the "
                              "reference engine (its graphs hold one width per bucket): turn CUDA graphs off "
                              "(--cuda-graph-backend-decode disabled) or give one value")
@@ -72,9 +73,6 @@ class Decoder:
         self.graphs = None
         if cuda_graphs:
             self.graphs = GraphRunner(self, graph_buckets or BUCKETS, split_stages)
-
-    def _schedule_steps(self) -> list[int]:
-        return sorted({b for b, _ in self.budget_schedule.steps} | {b for b, _ in self.topk_cap_schedule.steps})
 
     def width(self, running: int) -> tuple[int, int]:
         """(budget, topk_cap) of a step with `running` requests still decoding (>= 1)."""
