@@ -25,7 +25,11 @@ GRAPH_MAX_BS = 8
 FORWARD_SECONDS = re.compile(r'^sglang:forward_execution_seconds_total\{[^}]*category="([a-z_]+)"[^}]*\} ([0-9.e+-]+)$',
                              re.MULTILINE)
 PREFILL_CATEGORIES = {"extend", "split_prefill"}
-SERVER_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}   # SGLang's forward device timer (forward_seconds)
+# SGLang's forward device timer (forward_seconds); Python's traceback of every thread if a kernel crashes the process
+SERVER_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", "PYTHONFAULTHANDLER": "1"}
+# the radix cache on the test bed: the Python tree core (the Rust one's binding misreads torch 2.11's int64),
+# and SGLang's idle-time pool check raising instead of warning, so a leaked KV slot stops the server
+RADIX_ENV = (("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python"), ("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "1"))
 MAX_NEW_TOKENS = 128
 
 
@@ -40,12 +44,14 @@ class ServerConfig:
     env: tuple[tuple[str, str], ...] = ()    # added to the server's environment
     tp: int = 1                              # tensor-parallel ranks (GPUs 0 .. tp-1)
     draft: str = "draft"                     # the draft's folder in the pair (draft16: the block-16 draft)
+    target: str = "target"                   # the target's folder (target-wrapper: the Kimi wrapper; target-int4)
     radix: bool = False                      # the radix cache on (SGLang's default; the matrix runs without it)
+    attention: str = "triton"                # --attention-backend
 
     def args(self, pair: Path, port: int) -> list[str]:
         # --sleep-on-idle: an idle scheduler otherwise spins a core, and servers started together
         # would take CPU from the one being measured (seen on the H200 machine's 16 cores)
-        a = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--attention-backend", "triton",
+        a = ["--model-path", str(pair / self.target), "--skip-tokenizer-init", "--attention-backend", self.attention,
              "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", "0.88",
              "--max-total-tokens", "16384", "--context-length", "1024",
              "--max-running-requests", str(GRAPH_MAX_BS), *([] if self.radix else ["--disable-radix-cache"]),
@@ -69,18 +75,28 @@ def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
 
 PROFILE_SUFFIX = "-profile"
 PROFILE_STEPS = 40      # decode steps per logged line of a profiled server (ddtree.sglang.profile)
-# name suffixes, in this order after the base name: the block-16 draft, TP 2, the step profiler
+# name suffixes, in this order after the base name: the block-16 draft, the Kimi wrapper's target (its
+# text-only processor stand-in is remote code), the INT4-expert target, SGLang's Triton MoE runner instead
+# of its default (Marlin for INT4 on Hopper and sm_120), FlashInfer attention, the radix cache, TP 2, the
+# step profiler
 SUFFIXES = {
     "-k16": lambda c: replace(c, draft="draft16"),
+    "-wrapper": lambda c: replace(c, target="target-wrapper", extra=c.extra + ("--trust-remote-code",)),
+    "-int4": lambda c: replace(c, target="target-int4"),
+    "-moetriton": lambda c: replace(c, extra=c.extra + ("--moe-runner-backend", "triton")),
+    "-flashinfer": lambda c: replace(c, attention="flashinfer"),
+    "-radix": lambda c: replace(c, radix=True, env=c.env + RADIX_ENV),
     "-tp2": lambda c: replace(c, tp=2),
-    PROFILE_SUFFIX: lambda c: replace(c, env=(("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
+    PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
 
 
 def config(name: str) -> ServerConfig:
     """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>, then any of
-    -k16 (the pair's block-16 draft), -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step
-    profiler on), in that order: e.g. ddtree-b64-c8-graphs-k16-tp2."""
+    -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
+    -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache),
+    -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step profiler on), in that order: e.g.
+    ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):
         if name.endswith(suffix):
             base = config(name[: -len(suffix)])

@@ -106,6 +106,34 @@ def test_server_configurations_by_name_draft_tp_and_profiler(tmp_path):
         servers.config("dflash-profile")
 
 
+def test_server_configurations_for_kimis_paths(tmp_path):
+    """The Kimi-shaped pair's variants (issue 31): the wrapper's target with remote code, the INT4 target under
+    SGLang's Triton MoE runner, FlashInfer attention, the radix cache with the Python tree core and the strict
+    idle check - each an argument the server really gets."""
+    from tests.helpers import import_bench
+
+    servers = import_bench("sglang_servers")
+
+    def arg(args, flag):
+        return args[args.index(flag) + 1]
+
+    wrapper = servers.config("ddtree-b32-c8-graphs-wrapper-radix").args(tmp_path, 31000)
+    assert arg(wrapper, "--model-path") == str(tmp_path / "target-wrapper") and "--trust-remote-code" in wrapper
+    assert "--disable-radix-cache" not in wrapper
+    radix = servers.config("none-radix")
+    assert dict(radix.env)["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
+    assert dict(radix.env)["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1"
+    assert "--disable-radix-cache" in servers.config("none").args(tmp_path, 31000)
+    int4 = servers.config("none-int4-moetriton").args(tmp_path, 31000)
+    assert arg(int4, "--model-path") == str(tmp_path / "target-int4") and arg(int4, "--moe-runner-backend") == "triton"
+    assert "--moe-runner-backend" not in servers.config("none-int4").args(tmp_path, 31000)
+    flashinfer = servers.config("ddtree-b32-c8-graphs-flashinfer").args(tmp_path, 31000)
+    assert arg(flashinfer, "--attention-backend") == "flashinfer"
+    assert arg(servers.config("none").args(tmp_path, 31000), "--attention-backend") == "triton"
+    profiled = servers.config("ddtree-b32-c8-graphs-radix-profile")
+    assert {"SGLANG_DDTREE_PROFILE_STEPS", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"} <= set(dict(profiled.env))
+
+
 def test_profile_table_from_a_servers_log(monkeypatch):
     from ddtree.sglang.profile import StepProfile
     from tests.helpers import import_bench
@@ -140,4 +168,4 @@ def test_forward_seconds_read_from_sglangs_metrics_leave_out_prefill(monkeypatch
     assert server.forward_seconds() == 1.75
     monkeypatch.setattr(server, "metrics", lambda: 'sglang:spec_accept_length{model_name="m"} 4.0\n')
     assert server.forward_seconds() is None                               # the timer was off
-    assert servers.SERVER_ENV == {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
+    assert servers.SERVER_ENV["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"

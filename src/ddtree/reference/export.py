@@ -86,9 +86,74 @@ def kimi_config(cfg: TargetConfig, dtype: str) -> dict:
     """KimiK25ForConditionalGeneration's config.json: the DeepSeek-V3 text model (model_type kimi_k2,
     as Kimi-K2.5's published config) inside the vision wrapper."""
     text = {**deepseek_config(cfg, dtype), "model_type": "kimi_k2"}
+    # the byte vocabulary has no media token: the pad id stands for Kimi's <|media_pad|> (no image is sent)
     return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "torch_dtype": dtype,
             "text_config": text, "vision_config": {**KIMI_VISION, "text_hidden_size": cfg.hidden_size},
+            "media_placeholder_token_id": cfg.vocab_size - 1, "pad_token_id": cfg.vocab_size - 1,
             "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "tie_word_embeddings": False}
+
+
+# the media settings SGLang 0.5.23's Kimi processor reads (Kimi K2.x's values: 14-pixel patches merged 2 x 2)
+KIMI_MEDIA = {"patch_size": 14, "merge_kernel_size": [2, 2], "in_patch_limit": 16384, "patch_limit_on_one_side": 512,
+              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+STAND_IN = "kimi_text_processor"
+
+
+def write_kimi_text_processor(directory: Path) -> None:
+    """The wrapper's processor as remote code of this project's own (ddtree.reference.kimi_text_processor):
+    SGLang builds Kimi's multimodal processor at start-up, and the real one ships with Kimi's checkpoint."""
+    source = Path(__file__).with_name(f"{STAND_IN}.py").read_text()
+    (directory / f"{STAND_IN}.py").write_text(source)
+    config = {"auto_map": {"AutoProcessor": f"{STAND_IN}.KimiTextOnlyProcessor"}, "media_proc_cfg": KIMI_MEDIA}
+    (directory / "processor_config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+
+# Kimi K2.6's routed experts as it ships them: compressed-tensors W4A16, pack-quantized, symmetric INT4 in
+# groups of 32 along the input; everything else (attention, shared experts, dense MLPs, LM head) in bf16
+INT4_GROUP = 32
+INT4_IGNORE = ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+               "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"]
+
+
+def int4_quantization_config() -> dict:
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": INT4_GROUP,
+               "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax", "observer_kwargs": {}}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "kv_cache_scheme": None, "ignore": list(INT4_IGNORE),
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                          "output_activations": None}}}
+
+
+def int4_pack(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One expert projection [out, in] as compressed-tensors stores it (its own quantize and pack):
+    weight_packed int32 [out, in / 8], weight_scale [out, in / 32], weight_shape [2]."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import quantize
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    args = QuantizationArgs(**int4_quantization_config()["config_groups"]["group_0"]["weights"])
+    w = weight.detach().float().cpu()
+    out_features, in_features = w.shape
+    if in_features % INT4_GROUP:
+        raise ValueError(f"an expert's input width {in_features} is not a multiple of the INT4 group {INT4_GROUP}")
+    groups = w.view(out_features, in_features // INT4_GROUP, INT4_GROUP)
+    scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)           # [out, in / 32]
+    q = quantize(w, scale, zero, args, dtype=torch.int8)                              # [out, in] int8 in -8..7
+    return {"weight_packed": pack_to_int32(q, 4), "weight_scale": scale,
+            "weight_shape": torch.tensor([out_features, in_features], dtype=torch.int32)}
+
+
+def int4_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The routed experts' projections replaced by their INT4 form; every other tensor kept."""
+    out = {}
+    for name, tensor in tensors.items():
+        if ".mlp.experts." in name and name.endswith("_proj.weight"):
+            stem = name[: -len("weight")]
+            out.update({stem + key: value for key, value in int4_pack(tensor).items()})
+        else:
+            out[name] = tensor
+    return out
 
 
 def draft_config(cfg: DraftConfig, target: TargetConfig, dtype: str) -> dict:
@@ -156,19 +221,31 @@ def draft_tensors(pair: Pair) -> dict[str, torch.Tensor]:
 
 
 def _write(directory: Path, config: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """Floating tensors in `dtype`; integer ones (INT4 packs and shapes) as they are."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
-    data = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in tensors.items()}
+    data = {k: v.detach().to(device="cpu", dtype=dtype if v.is_floating_point() else v.dtype).contiguous()
+            for k, v in tensors.items()}
     save_file(data, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 
-def export_pair(pair: Pair, out: Path, dtype: str = "bfloat16", wrapper: bool = False) -> None:
-    """wrapper: an MLA target as KimiK25ForConditionalGeneration (else DeepseekV3ForCausalLM)."""
+def export_pair(pair: Pair, out: Path, dtype: str = "bfloat16", wrapper: bool = False, int4: bool = False) -> None:
+    """wrapper: an MLA target as KimiK25ForConditionalGeneration (else DeepseekV3ForCausalLM), with the
+    text-only stand-in of Kimi's processor; int4: its routed experts in Kimi K2.6's INT4 format."""
     out = Path(out)
+    if int4 and not (pair.target.config.is_mla and pair.target.config.n_routed_experts):
+        raise ValueError("--int4-experts needs a target with routed experts (an MLA + MoE target, e.g. "
+                         "bench/train_pair.py --size kimi)")
     draft_cfg = draft_config(pair.draft.config, pair.target.config, dtype)   # checks before writing anything
-    _write(out / "target", target_config(pair.target.config, dtype, wrapper), target_tensors(pair, wrapper), DTYPES[dtype])
+    config, tensors = target_config(pair.target.config, dtype, wrapper), target_tensors(pair, wrapper)
+    if int4:
+        tensors = int4_experts(tensors)
+        (config["text_config"] if wrapper else config)["quantization_config"] = int4_quantization_config()
+    _write(out / "target", config, tensors, DTYPES[dtype])
     _write(out / "draft", draft_cfg, draft_tensors(pair), DTYPES[dtype])
     write_hf_tokenizer(pair.tokenizer, out / "target", pair.target.config.max_position_embeddings)
+    if wrapper and pair.target.config.is_mla:
+        write_kimi_text_processor(out / "target")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,12 +255,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     ap.add_argument("--kimi-wrapper", action="store_true",
                     help="an MLA target as KimiK25ForConditionalGeneration (default: DeepseekV3ForCausalLM)")
+    ap.add_argument("--int4-experts", action="store_true",
+                    help="an MLA + MoE target's routed experts as Kimi K2.6 ships them (compressed-tensors W4A16, "
+                         "pack-quantized, group 32; needs the compressed-tensors package)")
     args = ap.parse_args(argv)
     pair = load_pair(args.pair)
-    export_pair(pair, Path(args.out), args.dtype, args.kimi_wrapper)
+    try:
+        export_pair(pair, Path(args.out), args.dtype, args.kimi_wrapper, args.int4_experts)
+    except ValueError as err:
+        print(f"export: {err}", file=sys.stderr)
+        return 2
     arch = target_config(pair.target.config, args.dtype, args.kimi_wrapper)["architectures"][0]
-    print(f"exported {args.pair} to {args.out} ({arch} + DFlashDraftModel, {args.dtype}; byte tokenizer.json "
-          "with a chat template)")
+    print(f"exported {args.pair} to {args.out} ({arch}{', INT4 routed experts' if args.int4_experts else ''} + "
+          f"DFlashDraftModel, {args.dtype}; byte tokenizer.json with a chat template)")
     return 0
 
 
