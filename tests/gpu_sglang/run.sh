@@ -42,6 +42,12 @@ if [ $missing = 1 ]; then
     --prompts 32 --device cuda | grep -E "held-out|steps in|corpus" || exit 1
 fi
 python3 -m ddtree.reference.export --pair "$WORK/pair/b8" --out "$WORK/sglang-pair" ${EXPORT_ARGS:-} || exit 1
+if [ "$SIZE" = kimi ]; then    # the same weights as the KimiK25 wrapper and with INT4 routed experts (test_kimi_path)
+  python3 -m ddtree.reference.export --pair "$WORK/pair/b8" --out "$WORK/sglang-wrapper" --kimi-wrapper || exit 1
+  python3 -m ddtree.reference.export --pair "$WORK/pair/b8" --out "$WORK/sglang-int4" --int4-experts || exit 1
+  ln -sfn "$WORK/sglang-wrapper/target" "$WORK/sglang-pair/target-wrapper"
+  ln -sfn "$WORK/sglang-int4/target" "$WORK/sglang-pair/target-int4"
+fi
 if [ -f "$WORK/pair/b16/draft/model.safetensors" ]; then      # the same target: only its draft is added
   python3 -m ddtree.reference.export --pair "$WORK/pair/b16" --out "$WORK/sglang-pair16" || exit 1
   ln -sfn "$WORK/sglang-pair16/draft" "$WORK/sglang-pair/draft16"

@@ -276,7 +276,9 @@ def test_unsupported_request_gets_an_error_naming_the_field(fleet, prompts):
 
 def test_graph_runs_logged_no_eager_fallback_and_no_graph_input_error(fleet):
     """Last (file order): every graph server this session started, after all requests above."""
-    checked = [s for s in fleet.servers.values() if s.config.graphs and s.config.algorithm == "DDTREE"]
+    # (a server that never became healthy is reported by its own test)
+    checked = [s for s in fleet.servers.values()
+               if s.config.graphs and s.config.algorithm == "DDTREE" and s.ready_after is not None]
     assert checked
     for s in checked:
         log = s.log_text()
