@@ -6,6 +6,7 @@ Needs (tests/gpu_sglang/run.sh sets them): the SGLang test bed on PYTHONPATH, a 
   SGLANG_DDTREE_PROMPTS  held-out prompts (train_pair's heldout_prompts.json)
   SGLANG_DDTREE_START    configurations to start together first (comma list, "warm" or "all")
   SGLANG_DDTREE_OUT      where server logs and the results table go
+  SGLANG_DDTREE_BASE_PORT the first server's port (default 31000)
 Without them every test here is skipped. At the end a PASS/FAIL table is printed and written
 (results.json, results.md) with what each test measured.
 """
@@ -66,7 +67,8 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def fleet(pair):
-    fleet = harness.Fleet(pair, _out() / "logs")
+    # SGLANG_DDTREE_BASE_PORT: a second session on the same machine takes ports of its own
+    fleet = harness.Fleet(pair, _out() / "logs", base_port=int(os.environ.get("SGLANG_DDTREE_BASE_PORT", "31000")))
     wanted = os.environ.get("SGLANG_DDTREE_START", "warm")
     names = {"warm": list(harness.WARM), "all": list(harness.CONFIGS)}.get(wanted, wanted.split(","))
     fleet.start([n for n in names if n], timeout=900)
