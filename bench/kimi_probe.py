@@ -139,7 +139,8 @@ def probes(group: str, arch: str = "wrapper") -> list[Probe]:
         Probe(replace(harness.NONE, name="none-dsv3", extra=DUMMY), "dsv3"),
         Probe(replace(b32, name="ddtree-b32-c8-dsv3", extra=DRAFT_DUMMY), "dsv3", "none-dsv3"),
     ]
-    return {"wrapper": wrapper, "int4": int4, "int4-only": int4[:2], "all": wrapper + int4}[group]
+    # marlin-warm: one INT4 server whose first start JIT-compiles SGLang's Marlin MoE kernel into ~/.cache/sglang/jit
+    return {"wrapper": wrapper, "int4": int4, "int4-only": int4[:2], "marlin-warm": int4[:1], "all": wrapper + int4}[group]
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -199,7 +200,7 @@ def run(args) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--group", choices=("wrapper", "int4", "int4-only", "all"), default="wrapper")
+    ap.add_argument("--group", choices=("wrapper", "int4", "int4-only", "marlin-warm", "all"), default="wrapper")
     ap.add_argument("--timeout", type=float, default=420)
     ap.add_argument("--arch", choices=("wrapper", "dsv3"), default="wrapper",
                     help="dsv3: every pair as DeepseekV3ForCausalLM (the text model alone)")

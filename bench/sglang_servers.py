@@ -85,7 +85,6 @@ SUFFIXES = {
     "-int4": lambda c: replace(c, target="target-int4"),
     "-moetriton": lambda c: replace(c, extra=c.extra + ("--moe-runner-backend", "triton")),
     "-flashinfer": lambda c: replace(c, attention="flashinfer"),
-    "-f32": lambda c: replace(c, extra=c.extra + ("--dtype", "float32")),
     "-radix": lambda c: replace(c, radix=True, env=c.env + RADIX_ENV),
     "-tp2": lambda c: replace(c, tp=2),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),

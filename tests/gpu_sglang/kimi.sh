@@ -1,25 +1,38 @@
 #!/usr/bin/env bash
 # Issue 31's GPU run on the Kimi-shaped pair, from the project root on the GPU machine after staging, as one
-# job (tests/gpu_sglang/bg.sh start tests/gpu_sglang/kimi.sh): trains the pair (run.sh SIZE=kimi), then two
-# pytest sessions so that at most 17 servers share the GPU and the host's memory at once:
-#   part 1: the export checks, DFLASH, the chain, temperature 0.7, operations, budget 32 cap 8 at temperature 0,
-#           and test_kimi_path (radix cache, KimiK25 wrapper, INT4 experts under Marlin and Triton, FlashInfer)
-#   part 2: the rest of the budget x cap x graphs matrix at temperature 0, and the graph-log check
-# Each part's results.md / results.json / logs.tgz come back prefixed part1- / part2-.
+# job (tests/gpu_sglang/bg.sh start tests/gpu_sglang/kimi.sh):
+#   0. in the background from the start: one dummy-weight INT4 server (bench/kimi_probe.py --group marlin-warm),
+#      whose first start JIT-compiles SGLang's Marlin MoE kernel into ~/.cache/sglang/jit (more than 8 minutes
+#      on the shared 16-core machine on 2026-12-02) while the pair trains and part 1 runs;
+#   1. trains the pair (run.sh SIZE=kimi) and runs part 1: the export checks, DFLASH, the chain, temperature 0.7,
+#      operations, budget 32 cap 8 at temperature 0, and test_kimi_path but the Marlin INT4 servers;
+#   2. part 2, once the Marlin build is done (or MARLIN_WAIT seconds have passed): the rest of the budget x cap x
+#      graphs matrix at temperature 0, the graph-log check, and the INT4 test under SGLang's Marlin runner.
+# At most 17 servers share the GPU and the host's memory at once. Each part's results.md / results.json /
+# logs.tgz come back prefixed part1- / part2-, the warm-up's log as marlin-warm.log.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here"
 . .gpu-bundles/bin/env.sh
 export SIZE=kimi TRAIN_MINUTES=${TRAIN_MINUTES:-1.5}
+WORK=$SGLANG_TESTBED/ddtree-kimi; mkdir -p "$WORK"
+python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
+python3 bench/kimi_probe.py --out "$WORK/marlin-warm" --group marlin-warm --arch dsv3 --timeout "${MARLIN_WAIT:-1500}" \
+  > "$WORK/marlin-warm.log" 2>&1 &
+warm=$!
 kimi=$(python3 -c "from tests.gpu_sglang.test_kimi_path import KIMI_SERVERS; print(','.join(KIMI_SERVERS))")
+marlin=$(python3 -c "from tests.gpu_sglang.test_kimi_path import KIMI_SERVERS; print(','.join(n for n in KIMI_SERVERS
+if '-int4' in n and not n.endswith('-moetriton')))")
 matrix=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import sglang_servers as s
 print(','.join(c.name for c in s.MATRIX if '-b32-c8-' not in c.name))")
 rc=0
 move() { for f in results.md results.json logs.tgz; do [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/$1-$f"; done; }
-SGLANG_DDTREE_START="none,dflash,ddtree-b32-c8-graphs,ddtree-b32-c8-eager,ddtree-b7-c1-graphs,$kimi" \
-  tests/gpu_sglang/run.sh -k '(not test_ddtree_greedy or b32-c8) and not production and not tp2' || rc=1
+SGLANG_DDTREE_START="none,dflash,ddtree-b32-c8-graphs,ddtree-b32-c8-eager,ddtree-b7-c1-graphs,$(echo "$kimi" | tr ',' '\n' \
+  | grep -vxF -f <(echo "$marlin" | tr ',' '\n') | paste -sd,)" \
+  tests/gpu_sglang/run.sh -k '(not test_ddtree_greedy or b32-c8) and not production and not tp2 and not marlin' || rc=1
 move part1
-SGLANG_DDTREE_START="none,$matrix" OUTDIR=${OUTDIR2:-/tmp/ddtree-kimi-part2} \
-  tests/gpu_sglang/run.sh -k '(test_ddtree_greedy and not b32-c8) or test_graph_runs' || rc=1
+echo "[kimi] waiting for the Marlin warm-up (pid $warm)"; wait "$warm"; cp "$WORK/marlin-warm.log" "$OUT/" 2>/dev/null
+SGLANG_DDTREE_START="none,$matrix,$marlin" OUTDIR=${OUTDIR2:-/tmp/ddtree-kimi-part2} \
+  tests/gpu_sglang/run.sh -k '(test_ddtree_greedy and not b32-c8) or test_graph_runs or marlin' || rc=1
 move part2
 exit $rc

@@ -16,7 +16,7 @@ pytest.importorskip("sglang", reason="run in the SGLang contract venv (make test
 from safetensors.torch import load_file  # noqa: E402
 
 from ddtree.reference.config import DraftConfig, TargetConfig  # noqa: E402
-from ddtree.reference.export import INT4_GROUP, export_pair, main  # noqa: E402
+from ddtree.reference.export import INT4_GROUP, export_pair, int4_roundtrip, main  # noqa: E402
 from ddtree.reference.pair import init_pair, save_pair  # noqa: E402
 
 from .test_reference_mla import kimi_shaped  # noqa: E402
@@ -66,6 +66,7 @@ def test_int4_experts_unpack_to_the_trained_weights_within_half_a_step(kimi_pair
         dequant = q * scale.repeat_interleave(INT4_GROUP, dim=1)
         step = scale.repeat_interleave(INT4_GROUP, dim=1)
         assert ((dequant - weight.float()).abs() <= 0.5 * step + 1e-3).all(), stem
+        assert torch.equal(int4_roundtrip(weight), q * scale.repeat_interleave(INT4_GROUP, dim=1))
     kept = [k for k in tensors if "shared_experts" in k or "self_attn" in k or k.startswith("lm_head")]
     assert kept and all(tensors[k].dtype == torch.bfloat16 for k in kept)
 

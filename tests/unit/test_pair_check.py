@@ -52,3 +52,12 @@ def test_the_reference_engine_reads_any_layer():
     draft["dflash_config"]["target_layer_ids"] = [0, 7]
     assert check.problems(target, draft, 8, "T", "D", server_kind="reference") == []
     assert len(check.problems(target, draft, 8, "T", "D", server_kind="sglang")) == 1
+
+
+def test_a_ddtree_service_on_an_mla_target_takes_triton_only():
+    target = kimi_probe.target_config("wrapper")
+    assert check.problems(target, kimi_probe.DRAFT, 8, "T", "D", ddtree_backend="triton") == []
+    found = check.problems(target, kimi_probe.DRAFT, 8, "T", "D", ddtree_backend="flashinfer")
+    assert len(found) == 1 and "k26_attention_backend=flashinfer is not proven for DDTREE" in found[0] \
+        and "set k26_attention_backend=triton" in found[0]
+    assert check.problems(target, kimi_probe.DRAFT, 8, "T", "D", ddtree_backend="") == []   # DFLASH: not checked

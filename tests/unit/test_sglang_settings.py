@@ -66,6 +66,23 @@ def test_unsupported_settings_are_refused_with_flag_value_and_fix(settings, chan
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("config", [{"kv_lora_rank": 512}, {"text_config": {"kv_lora_rank": 512}}])
+def test_flashinfer_is_refused_for_an_mla_target_and_kept_for_others(tmp_path, config):
+    """An MLA target (DeepSeek-V3's config, or Kimi's wrapper with it in text_config) gets triton only: FlashInfer's
+    verify graphs failed on the test bed's trained Kimi-shaped pair; a GQA target keeps FlashInfer."""
+    mla, gqa = tmp_path / "mla", tmp_path / "gqa"
+    for folder, cfg in ((mla, config), (gqa, {"num_key_value_heads": 2})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DDTreeConfigError) as err:
+        validate(GOOD, server(attention_backend="flashinfer", model_path=str(mla)))
+    assert "--attention-backend=flashinfer is not proven for DDTREE on a multi-head latent attention target" in \
+        str(err.value) and "use --attention-backend triton" in str(err.value)
+    assert list(refusals(GOOD, server(attention_backend="triton", model_path=str(mla)))) == []
+    assert list(refusals(GOOD, server(attention_backend="flashinfer", model_path=str(gqa)))) == []
+    assert list(refusals(GOOD, server(attention_backend="flashinfer", model_path=str(tmp_path / "none")))) == []
+
+
 def test_the_width_the_plugin_set_itself_is_accepted():
     assert list(refusals(GOOD, server(speculative_num_draft_tokens=33, speculative_num_steps=1,
                                       speculative_eagle_topk=1))) == []

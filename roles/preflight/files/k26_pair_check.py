@@ -1,7 +1,10 @@
 """Preflight's reading of the target's and the draft's config.json on the host (read-only): what
 makes the pair unable to serve DFLASH / DDTREE, each as one line naming the field and the fix.
 
-    python3 k26_pair_check.py TARGET_DIR DRAFT_DIR BLOCK_SIZE [SERVER_KIND]
+    python3 k26_pair_check.py TARGET_DIR DRAFT_DIR BLOCK_SIZE [SERVER_KIND [DDTREE_ATTENTION_BACKEND]]
+
+DDTREE_ATTENTION_BACKEND (given when the service runs DDTREE): an MLA target (Kimi K2.6) takes only the
+attention backends DDTREE was proven with on MLA (triton; the plugin refuses the others at start-up too).
 
 Reads the formats the deployment serves: Kimi K2.6's KimiK25ForConditionalGeneration (the text model
 under text_config), DeepseekV3ForCausalLM, Qwen3-style targets and the reference engine's; z-lab's
@@ -31,10 +34,14 @@ def lm_head_quantized(target: dict) -> bool:
                    for name in ignored)
 
 
+# the attention backends DDTREE was proven with on an MLA target (ddtree.sglang.settings.MLA_MASK_BACKENDS)
+MLA_BACKENDS = ("triton",)
+
+
 def problems(target: dict, draft: dict, block_size: int, target_dir: str, draft_dir: str,
-             server_kind: str = "sglang") -> list[str]:
+             server_kind: str = "sglang", ddtree_backend: str = "") -> list[str]:
     """server_kind sglang: SGLang's capture rule for the draft's target layers applies (the reference
-    engine reads any layer's output)."""
+    engine reads any layer's output); ddtree_backend: the attention backend of a DDTREE service."""
     text = text_config(target)
     dflash = draft.get("dflash_config") or {}
     found = []
@@ -62,12 +69,17 @@ def problems(target: dict, draft: dict, block_size: int, target_dir: str, draft_
     if lm_head_quantized(target):
         found.append(f"the target's quantization_config ({target_dir}/config.json) covers lm_head: the draft's candidates "
                      "and the verify pass need the full-precision LM head; use a checkpoint whose quantization ignores lm_head")
+    if server_kind == "sglang" and ddtree_backend and text.get("kv_lora_rank") and ddtree_backend not in MLA_BACKENDS:
+        found.append(f"k26_attention_backend={ddtree_backend} is not proven for DDTREE on this multi-head latent attention "
+                     f"target ({target_dir}/config.json has kv_lora_rank): FlashInfer's verify graphs failed on the test "
+                     f"bed's Kimi-shaped pair; set k26_attention_backend={MLA_BACKENDS[0]}")
     return found
 
 
 def main(argv: list[str]) -> int:
     target_dir, draft_dir, block = argv[0], argv[1], int(argv[2])
     server_kind = argv[3] if len(argv) > 3 else "sglang"
+    ddtree_backend = argv[4] if len(argv) > 4 else ""
     configs = []
     for directory in (target_dir, draft_dir):
         try:
@@ -75,7 +87,7 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError) as err:
             print(json.dumps([f"{directory}/config.json cannot be read ({err})"]))
             return 0
-    print(json.dumps(problems(configs[0], configs[1], block, target_dir, draft_dir, server_kind)))
+    print(json.dumps(problems(configs[0], configs[1], block, target_dir, draft_dir, server_kind, ddtree_backend)))
     return 0
 
 

@@ -144,6 +144,17 @@ def int4_pack(weight: torch.Tensor) -> dict[str, torch.Tensor]:
             "weight_shape": torch.tensor([out_features, in_features], dtype=torch.int32)}
 
 
+def int4_roundtrip(weight: torch.Tensor, scale_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The weight an INT4 export serves: int4_pack, unpacked with compressed-tensors' own unpacking, times
+    its scales as stored (in scale_dtype); float32 [out, in]."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    packed = int4_pack(weight)
+    q = unpack_from_int32(packed["weight_packed"], 4, torch.Size(weight.shape)).float()
+    scale = packed["weight_scale"].to(scale_dtype).float().repeat_interleave(INT4_GROUP, dim=1)
+    return q * scale
+
+
 def int4_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The routed experts' projections replaced by their INT4 form; every other tensor kept."""
     out = {}

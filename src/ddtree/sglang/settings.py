@@ -32,6 +32,8 @@ ENV_TOPK_CAP = "SGLANG_DDTREE_TOPK_CAP"
 ENV_BLOCK_SIZE = "SGLANG_DDTREE_BLOCK_SIZE"
 # attention backends whose target-verify path takes an arbitrary (tree) custom mask in 0.5.23
 MASK_BACKENDS = ("triton", "flashinfer")
+# of those, the ones DDTREE was proven with on an MLA target (tests/gpu_sglang/test_kimi_path.py)
+MLA_MASK_BACKENDS = ("triton",)
 
 
 def from_env(env=None) -> DDTreeSettings:
@@ -104,11 +106,27 @@ def _overlap(s, a) -> str | None:
     return None
 
 
+def is_mla_target(model_path: str | os.PathLike | None) -> bool:
+    """Whether the target's config.json (or a wrapper's text_config, as Kimi K2.6's) has multi-head latent
+    attention (kv_lora_rank); False when there is no readable config (the start-up goes on as before)."""
+    if model_path is None:
+        return False
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(cfg.get("kv_lora_rank") or (cfg.get("text_config") or {}).get("kv_lora_rank"))
+
+
 def _attention(s, a) -> str | None:
     backend = getattr(a, "attention_backend", None)
     if backend not in MASK_BACKENDS:
         return (f"--attention-backend={backend} cannot verify a tree (no custom-mask verify path, or left to SGLang's "
                 f"automatic choice); use one of {', '.join(MASK_BACKENDS)} (triton on sm_120 for MLA)")
+    if backend not in MLA_MASK_BACKENDS and is_mla_target(getattr(a, "model_path", None)):
+        return (f"--attention-backend={backend} is not proven for DDTREE on a multi-head latent attention target "
+                f"(Kimi K2.6, DeepSeek-V3): on the H200 test bed FlashInfer's verify-graph capture failed on a "
+                f"trained Kimi-shaped pair; use --attention-backend {' or '.join(MLA_MASK_BACKENDS)}")
     return None
 
 
