@@ -77,8 +77,8 @@ PROFILE_SUFFIX = "-profile"
 PROFILE_STEPS = 40      # decode steps per logged line of a profiled server (ddtree.sglang.profile)
 # name suffixes, in this order after the base name: the block-16 draft, the Kimi wrapper's target (its
 # text-only processor stand-in is remote code), the INT4-expert target, SGLang's Triton MoE runner instead
-# of its default (Marlin for INT4 on Hopper and sm_120), FlashInfer attention, the radix cache, TP 2, the
-# step profiler
+# of its default (Marlin for INT4 on Hopper and sm_120), FlashInfer attention, the radix cache, SGLang's
+# deterministic (batch-invariant) kernels, TP 2, the step profiler
 SUFFIXES = {
     "-k16": lambda c: replace(c, draft="draft16"),
     "-wrapper": lambda c: replace(c, target="target-wrapper", extra=c.extra + ("--trust-remote-code",)),
@@ -86,6 +86,7 @@ SUFFIXES = {
     "-moetriton": lambda c: replace(c, extra=c.extra + ("--moe-runner-backend", "triton")),
     "-flashinfer": lambda c: replace(c, attention="flashinfer"),
     "-radix": lambda c: replace(c, radix=True, env=c.env + RADIX_ENV),
+    "-det": lambda c: replace(c, extra=c.extra + ("--enable-deterministic-inference",)),
     "-tp2": lambda c: replace(c, tp=2),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
@@ -94,7 +95,8 @@ SUFFIXES = {
 def config(name: str) -> ServerConfig:
     """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>, then any of
     -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
-    -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache),
+    -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache), -det
+    (--enable-deterministic-inference),
     -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):

@@ -6,10 +6,11 @@
 #      on the shared 16-core machine on 2026-12-02) while the pair trains and part 1 runs;
 #   1. trains the pair (run.sh SIZE=kimi) and runs part 1: the export checks, DFLASH, the chain, temperature 0.7,
 #      operations, budget 32 cap 8 at temperature 0, and test_kimi_path but the Marlin INT4 servers;
-#   2. part 2, once the Marlin build is done (or MARLIN_WAIT seconds have passed): the rest of the budget x cap x
-#      graphs matrix at temperature 0, the graph-log check, and the INT4 test under SGLang's Marlin runner.
+#   2. part 2: the rest of the budget x cap x graphs matrix at temperature 0 and the graph-log check;
+#   3. part 3, once the Marlin build is done (or MARLIN_WAIT seconds from the start have passed): the INT4 test
+#      under SGLang's Marlin runner.
 # At most 17 servers share the GPU and the host's memory at once. Each part's results.md / results.json /
-# logs.tgz come back prefixed part1- / part2-, the warm-up's log as marlin-warm.log.
+# logs.tgz come back prefixed part1- / part2- / part3-, the warm-up's log as marlin-warm.log.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here"
@@ -17,7 +18,7 @@ cd "$here"
 export SIZE=kimi TRAIN_MINUTES=${TRAIN_MINUTES:-1.5}
 WORK=$SGLANG_TESTBED/ddtree-kimi; mkdir -p "$WORK"
 python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
-python3 bench/kimi_probe.py --out "$WORK/marlin-warm" --group marlin-warm --arch dsv3 --timeout "${MARLIN_WAIT:-1500}" \
+python3 bench/kimi_probe.py --out "$WORK/marlin-warm" --group marlin-warm --arch dsv3 --timeout "${MARLIN_WAIT:-1200}" \
   > "$WORK/marlin-warm.log" 2>&1 &
 warm=$!
 kimi=$(python3 -c "from tests.gpu_sglang.test_kimi_path import KIMI_SERVERS; print(','.join(KIMI_SERVERS))")
@@ -31,8 +32,11 @@ SGLANG_DDTREE_START="none,dflash,ddtree-b32-c8-graphs,ddtree-b32-c8-eager,ddtree
   | grep -vxF -f <(echo "$marlin" | tr ',' '\n') | paste -sd,)" \
   tests/gpu_sglang/run.sh -k '(not test_ddtree_greedy or b32-c8) and not production and not tp2 and not marlin' || rc=1
 move part1
-echo "[kimi] waiting for the Marlin warm-up (pid $warm)"; wait "$warm"; cp "$WORK/marlin-warm.log" "$OUT/" 2>/dev/null
-SGLANG_DDTREE_START="none,$matrix,$marlin" OUTDIR=${OUTDIR2:-/tmp/ddtree-kimi-part2} \
-  tests/gpu_sglang/run.sh -k '(test_ddtree_greedy and not b32-c8) or test_graph_runs or marlin' || rc=1
+SGLANG_DDTREE_START="none,$matrix" OUTDIR=${OUTDIR2:-/tmp/ddtree-kimi-part2} \
+  tests/gpu_sglang/run.sh -k '(test_ddtree_greedy and not b32-c8) or test_graph_runs' || rc=1
 move part2
+echo "[kimi] waiting for the Marlin warm-up (pid $warm)"; wait "$warm"; cp "$WORK/marlin-warm.log" "$OUT/" 2>/dev/null
+SGLANG_DDTREE_START="none,$marlin" OUTDIR=${OUTDIR3:-/tmp/ddtree-kimi-part3} \
+  tests/gpu_sglang/run.sh -k 'marlin' || rc=1
+move part3
 exit $rc

@@ -47,8 +47,10 @@ LEAK_MARKS = ("memory leak detected", "KV double free", "use-after-free")
 RADIX = ("none-radix", "ddtree-b32-c8-graphs-radix")
 WRAPPER = ("none-wrapper", "ddtree-b32-c8-graphs-wrapper")
 INT4_RUNNERS = {"marlin": "", "triton": "-moetriton"}
+# SGLang's deterministic inference: fixed MoE tile configs and attention split sizes whatever the batch
+DETERMINISTIC = ("none-det", "dflash-det", "ddtree-b32-c8-graphs-det")
 KIMI_SERVERS = (*RADIX, *WRAPPER, *(f"{a}-int4{r}" for r in INT4_RUNNERS.values()
-                                   for a in ("none", "ddtree-b32-c8-graphs")))
+                                   for a in ("none", "ddtree-b32-c8-graphs")), *DETERMINISTIC)
 
 
 def compare_modes(plain, tree, prompts, want, record_property, exact, label=""):
@@ -218,3 +220,24 @@ def test_flashinfer_on_the_mla_target_is_refused_at_start_up(pair, tmp_path, rec
     assert server.proc.returncode != 0
     assert "--attention-backend=flashinfer is not proven for DDTREE on a multi-head latent attention target" \
         in server.log_text()
+
+
+# --- SGLang's deterministic inference -------------------------------------------------------------------
+
+def test_deterministic_inference_takes_the_bf16_drift_out(fleet, prompts, record_property):
+    """With --enable-deterministic-inference SGLang fixes its MoE tile configuration and attention split size
+    whatever the batch. If that makes its own DFLASH give NONE's tokens on this MoE target, DDTREE is held to
+    the strict rule there: identical, or a near tie of at most two bf16 steps (no float32 referee)."""
+    plain, dflash, tree = (ready(fleet, n) for n in DETERMINISTIC)
+    want = outputs(plain.complete_all(prompts, harness.greedy(), 1))
+    results = {}
+    for label, server, concurrency in (("DFLASH", dflash, 1), ("DDTREE one by one", tree, 1),
+                                       ("DDTREE 8 at once", tree, 8)):
+        got = outputs(server.complete_all(prompts, harness.greedy(), concurrency))
+        same, gaps, wrong = compare_with_plain(plain, prompts, want, got)
+        results[label] = wrong
+        record_property(f"{label}: identical / near ties / real differences", f"{same}/{len(prompts)} / {gaps} / {wrong}")
+    if results["DFLASH"]:
+        pytest.skip(f"SGLang's own DFLASH parts from NONE past a near tie even with deterministic inference: "
+                    f"{results['DFLASH'][:2]} - the strict rule does not apply to this target")
+    assert not results["DDTREE one by one"] and not results["DDTREE 8 at once"]
