@@ -139,6 +139,14 @@ def test_plain_sampled_requests_pass():
     assert request_refusal({"temperature": 0.0, "sampling_seed": 7}, NS()) is None     # greedy: nothing to seed
 
 
+def test_a_seed_is_served_under_deterministic_inference_and_refused_without_it():
+    seeded = {"temperature": 0.7, "sampling_seed": 7}
+    message = request_refusal(seeded, NS())
+    assert "sampling_params.sampling_seed=7" in message and "--enable-deterministic-inference" in message
+    assert request_refusal(seeded, NS(), deterministic=True) is None
+    assert "frequency_penalty" in request_refusal({**seeded, "frequency_penalty": 0.5}, NS(), deterministic=True)
+
+
 # --- the export ----------------------------------------------------------------------------
 
 def tiny_pair(target_layer_ids=(0, 1)):

@@ -101,7 +101,8 @@ def refuse_unsupported_requests(*args, **kwargs):
     algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
     if algorithm != ALGORITHM or obj is None:
         return None
-    message = request_refusal(getattr(obj, "sampling_params", None), obj)
+    deterministic = bool(getattr(manager.server_args, "enable_deterministic_inference", False))
+    message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic)
     if message:
         raise ValueError(message)
     return None

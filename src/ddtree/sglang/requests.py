@@ -6,8 +6,10 @@ SGLang's DFLASH code for them assumes a chain. Rather than approximate them sile
 plugin's hook on SGLang's TokenizerManager._validate_one_request rejects such a request
 before it reaches the scheduler: the client gets an error naming the field, its value and the
 fix, and the server keeps serving everyone else. Logit bias (the same for every tree node) and
-stop conditions (applied to the emitted tokens) are supported; a per-request sampling seed is
-refused at temperature > 0 (the verify step samples from the server's generator).
+stop conditions (applied to the emitted tokens) are supported. A per-request sampling seed at
+temperature > 0 is served under SGLang's deterministic inference (each tree node drawn as SGLang's
+seeded sampler draws, ddtree.sglang.seeded) and refused without it (SGLang itself uses seeds only
+there; DDTREE would sample from the server's generator).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ NEUTRAL_SAMPLING = {
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
-def request_refusal(sampling_params: Mapping | None, request: object) -> str | None:
+def request_refusal(sampling_params: Mapping | None, request: object, deterministic: bool = False) -> str | None:
     """The first unsupported feature of one generate request, as an error message, or None.
 
     sampling_params: the request's sampling parameters as sent (a dict or None); request: an
-    object with the request-level fields of SGLang's GenerateReqInput (read with getattr).
+    object with the request-level fields of SGLang's GenerateReqInput (read with getattr);
+    deterministic: the server runs --enable-deterministic-inference (seeds are honoured).
     """
     if getattr(request, "return_logprob", False):
         return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
@@ -44,10 +47,11 @@ def request_refusal(sampling_params: Mapping | None, request: object) -> str | N
     if getattr(request, "custom_logit_processor", None):
         return f"custom_logit_processor is not supported by this DDTREE server; {FIX}"
     params = sampling_params or {}
-    if params.get("sampling_seed") is not None and float(params.get("temperature", 1.0)) > 0:
+    if params.get("sampling_seed") is not None and float(params.get("temperature", 1.0)) > 0 and not deterministic:
         return (f"sampling_params.sampling_seed={params['sampling_seed']!r} is not supported by this DDTREE server at "
-                "temperature > 0 (its tree verification draws from the server's own generator, so a seed would not "
-                f"make the output reproducible); {FIX}")
+                "temperature > 0: it runs without --enable-deterministic-inference, the only mode in which SGLang "
+                "uses a seed (start the server with that flag to have seeded answers reproduced), or "
+                f"{FIX}")
     for field in GRAMMAR_FIELDS:
         if params.get(field) is not None:
             return f"sampling_params.{field} (constrained decoding) is not supported by this DDTREE server; {FIX}"

@@ -63,6 +63,7 @@ from sglang.srt.speculative.spec_utils import draft_tp_context
 from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_mask, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
 from ddtree.sglang.profile import OFF, StepProfiler
+from ddtree.sglang.seeded import seeded_node_targets
 from ddtree.settings import DDTreeConfigError
 from ddtree.sglang.settings import from_env, resolved_block
 from ddtree.tree import build_tree_from_candidates, candidate_count
@@ -198,7 +199,7 @@ class DDTreeWorker(DFlashWorkerV2):
         with prof.stage("verify"):
             target_out = self._ddtree_verify(verify_batch)
         with prof.stage("verdict"):
-            verdict = self._ddtree_verdict(batch, tree, target_out.logits_output)
+            verdict = self._ddtree_verdict(batch, tree, target_out.logits_output, prefix_lens)
         with prof.stage("commit"):
             result = self._ddtree_commit(batch, verdict, prefix_lens, window, target_out, on_publish)
         prof.end()
@@ -303,8 +304,10 @@ class DDTreeWorker(DFlashWorkerV2):
             seen.add((stage, bs))
             logger.warning("DDTREE %s ran eagerly for batch size %d (no captured CUDA graph fits it)", stage, bs)
 
-    def _ddtree_verdict(self, batch, tree: DraftTree, logits_output):
-        """Target tokens at every node (rank 0's on every rank), then the accepted path."""
+    def _ddtree_verdict(self, batch, tree: DraftTree, logits_output, prefix_lens: torch.Tensor):
+        """Target tokens at every node (rank 0's on every rank), then the accepted path. Under deterministic
+        inference (SGLang's seeds set) each node draws as SGLang's seeded sampler draws NONE's token at the
+        node's position (seeded.py); otherwise from the node's processed distribution."""
         bs, n = tree.tokens.shape
         info = batch.sampling_info
         greedy = info is None or bool(info.is_all_greedy)
@@ -325,6 +328,8 @@ class DDTreeWorker(DFlashWorkerV2):
             rows = logits.view(bs, n, -1)                                        # [bs, N, V]
             if greedy:
                 targets = rows.argmax(dim=-1)
+            elif info.sampling_seed is not None:
+                targets = seeded_node_targets(rows, info, tree.positions(prefix_lens))
             else:
                 params = sampling_params_from_sglang(info, rows.shape[-1])
                 targets = node_targets(rows, params, generator=None)
