@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 import time
 import urllib.request
 from pathlib import Path
@@ -43,6 +44,7 @@ pytestmark = [pytest.mark.sglang_gpu,
               pytest.mark.skipif(not _is_mla_pair(), reason="needs the Kimi-shaped pair (run.sh with SIZE=kimi)")]
 
 LEAK_MARKS = ("memory leak detected", "KV double free", "use-after-free")
+SAMPLED = {"temperature": 0.7, "top_p": 0.9, "ignore_eos": True}
 # the Kimi paths' servers (tests/gpu_sglang/run.sh starts them together with the others)
 RADIX = ("none-radix", "ddtree-b32-c8-graphs-radix")
 WRAPPER = ("none-wrapper", "ddtree-b32-c8-graphs-wrapper")
@@ -241,3 +243,37 @@ def test_deterministic_inference_takes_the_bf16_drift_out(fleet, prompts, record
         pytest.skip(f"SGLang's own DFLASH parts from NONE past a near tie even with deterministic inference: "
                     f"{results['DFLASH'][:2]} - the strict rule does not apply to this target")
     assert not results["DDTREE one by one"] and not results["DDTREE 8 at once"]
+
+
+# --- seeded sampling (issue 33, item 3) ------------------------------------------------------------------
+
+def seeded(seed: int) -> dict:
+    return {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 64, "ignore_eos": True, "sampling_seed": seed}
+
+
+def test_a_seeded_request_repeats_its_answer_whatever_the_batch(fleet, prompts, record_property):
+    """Under deterministic inference the same (prompt, seed) gives the same answer one at a time, 8 at once,
+    and among unseeded requests; NONE's seeded answers from the same server kind are recorded beside it
+    (equal up to bf16 drift: each node is drawn as NONE draws at that position). Without deterministic
+    inference a seed is refused, naming the flag."""
+    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, DETERMINISTIC[2])
+    eight = prompts[:8]
+
+    def answers(server, concurrency, crowd=0):
+        with ThreadPoolExecutor(max_workers=concurrency + crowd) as pool:
+            noise = [pool.submit(server.generate, p, {**SAMPLED, "max_new_tokens": 64}) for p in prompts[8:8 + crowd]]
+            mine = list(pool.map(lambda i: server.generate(eight[i], seeded(i)), range(len(eight))))
+            [f.result() for f in noise]
+        return outputs(mine)
+
+    alone, together, crowded = answers(tree, 1), answers(tree, 8), answers(tree, 4, crowd=8)
+    none_answers = answers(plain, 1)
+    record_property("same answer: 8 at once / among 8 unseeded", f"{sum(a == b for a, b in zip(alone, together))}/8, "
+                    f"{sum(a == b for a, b in zip(alone, crowded))}/8")
+    record_property("DDTREE seeded = NONE seeded (bf16 drift aside)", f"{sum(a == b for a, b in zip(alone, none_answers))}/8")
+    refused = ready(fleet, "ddtree-b32-c8-graphs").generate(eight[0], seeded(0))
+    record_property("without deterministic inference", str(refused.get("http_status")))
+    other_seed = outputs([tree.generate(eight[0], seeded(100))])[0]
+    assert alone == together == crowded
+    assert other_seed != alone[0], "another seed gave the same 64 sampled tokens: the seed is not used"
+    assert refused.get("http_status") == 400 and "--enable-deterministic-inference" in refused["error"]
