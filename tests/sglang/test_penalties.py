@@ -1,0 +1,181 @@
+"""Penalties at every DDTree node (issue 33, item 2) against SGLang 0.5.23's own penalizers, on the CPU.
+
+NONE: a stand-in target (logits a fixed function of the prefix) decoded greedily with SGLang's
+BatchedPenalizerOrchestrator applied before each choice and fed each chosen token, as its scheduler
+does. DDTREE: trees from a draft that knows the target a little, the node logits penalised by
+ddtree.penalties with the state read from the same orchestrator as of the root
+(ddtree.sglang.penalty_state), the greedy walk, the accepted tokens fed to the orchestrator. The
+emitted tokens must be NONE's for frequency, presence, repetition and min_new_tokens, alone and
+together, with requests of different settings in one batch. Runs in the SGLang contract venv.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+pytest.importorskip("sglang", reason="run in the SGLang contract venv (make test)")
+
+from sglang.srt.sampling import penaltylib  # noqa: E402
+from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator  # noqa: E402
+
+from ddtree import build_tree  # noqa: E402
+from ddtree.penalties import PenaltyState, apply_node_penalties  # noqa: E402
+from ddtree.sglang.penalty_state import penalty_state  # noqa: E402
+from ddtree.verify import accept_path  # noqa: E402
+
+VOCAB, EOS = 20, 19
+# ORDER: SGLang applies the additive penalties (frequency, presence, min_new_tokens) before the scaling one
+# (repetition) under its overlap scheduler (acc_additive then acc_scaling) and in speculative verification
+# (apply(repeat=...)); its non-overlap NONE path applies the penalizers in the iteration order of a Python
+# set of classes, which is not fixed - so with repetition combined with another penalty, NONE itself
+# answers differently with the overlap scheduler on and off. ddtree.penalties takes the first order.
+PENALIZERS = {penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedMinNewTokensPenalizer,
+              penaltylib.BatchedPresencePenalizer, penaltylib.BatchedRepetitionPenalizer}
+
+
+def target_logits(prefix: list[int]) -> torch.Tensor:
+    """A target that loves to repeat itself (a few tokens far ahead) and to stop: what penalties change."""
+    g = torch.Generator().manual_seed(hash(tuple(prefix[-2:])) % (2**31))
+    logits = torch.randn(VOCAB, generator=g)
+    logits[prefix[-1] % 5] += 3.0                 # the last token's family again
+    logits[EOS] += 2.5
+    return logits
+
+
+class Batch:
+    """What the orchestrator reads of SGLang's ScheduleBatch (it keeps a weak reference to it)."""
+
+    def __init__(self, reqs, device):
+        self.reqs, self.device = reqs, device
+
+
+def orchestrator(settings: list[dict]):
+    reqs = [NS(sampling_params=NS(frequency_penalty=s.get("frequency", 0.0), presence_penalty=s.get("presence", 0.0),
+                                  repetition_penalty=s.get("repetition", 1.0), min_new_tokens=s.get("min_new", 0),
+                                  stop_token_ids=set()),
+               eos_token_ids={EOS}, tokenizer=NS(additional_stop_token_ids=None, eos_token_id=None)) for s in settings]
+    batch = Batch(reqs, "cpu")
+    orch = BatchedPenalizerOrchestrator(vocab_size=VOCAB, batch=batch, penalizers=PENALIZERS)
+    orch._keep = batch                                  # the orchestrator holds its batch weakly
+    return orch
+
+
+def none_decode(prompts, settings, length):
+    orch, seqs = orchestrator(settings), [list(p) for p in prompts]
+    for _ in range(length):
+        logits = torch.stack([target_logits(s) for s in seqs])
+        orch.apply(logits, repeat=1)                    # additive, then scaling: see ORDER
+        chosen = logits.argmax(-1)
+        orch.cumulate_output_tokens(chosen)
+        for s, t in zip(seqs, chosen.tolist()):
+            s.append(t)
+    return [s[len(p):] for s, p in zip(seqs, prompts)]
+
+
+def informed_draft(seq: list[int], depth: int, gen) -> torch.Tensor:
+    rows = []
+    for _ in range(depth):
+        row = target_logits(seq) + 1.5 * torch.randn(VOCAB, generator=gen)
+        rows.append(row)
+        seq = seq + [int(row.argmax())]
+    return torch.stack(rows)
+
+
+def node_path(tree, b: int, j: int) -> list[int]:
+    out = []
+    while j >= 0:
+        out.append(int(tree.tokens[b, j]))
+        j = int(tree.parents[b, j])
+    return out[::-1]
+
+
+def neutral() -> PenaltyState:
+    """A request without penalties, in the batch's PenaltyState."""
+    return PenaltyState(additive=torch.zeros(1, VOCAB), scaling=torch.ones(1, VOCAB), frequency=torch.zeros(1),
+                        presence=torch.zeros(1), repetition=torch.ones(1), seen=torch.zeros(1, VOCAB, dtype=torch.bool),
+                        out_len=torch.zeros(1, dtype=torch.int64), min_new_tokens=torch.zeros(1, dtype=torch.int64),
+                        stop=torch.zeros(1, VOCAB, dtype=torch.bool))
+
+
+def batch_state(orchs) -> PenaltyState | None:
+    """One PenaltyState for the batch from each request's own orchestrator (SGLang keeps one for the batch;
+    one per request lets this test feed each request its own number of committed tokens)."""
+    states = [penalty_state(o, 1, VOCAB, "cpu") for o in orchs]
+    if all(st is None for st in states):
+        return None
+    base = neutral()
+    parts = {name: [getattr(st, name) if st is not None and getattr(st, name) is not None else getattr(base, name)
+                    for st in states] for name in PenaltyState.__dataclass_fields__}
+    return PenaltyState(**{name: torch.cat(values) for name, values in parts.items()})
+
+
+def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0):
+    """The first token from the prompt as NONE takes it (SGLang's prefill), then DDTREE steps; each committed
+    token fed to its request's orchestrator as SGLang's scheduler feeds it."""
+    gen, seqs = torch.Generator().manual_seed(seed), [list(p) for p in prompts]
+    orchs = [orchestrator([st]) for st in settings]
+    for o, sq in zip(orchs, seqs):
+        first = target_logits(sq)[None]
+        o.apply(first, repeat=1)
+        feed(o, sq, int(first.argmax()))
+    steps = 0
+    while min(len(sq) - len(p) for sq, p in zip(seqs, prompts)) < length:
+        bs = len(seqs)
+        draft = torch.stack([informed_draft(sq, depth, gen) for sq in seqs])
+        tree = build_tree(draft, torch.tensor([sq[-1] for sq in seqs]), budget=budget, topk_cap=cap, backend="torch")
+        rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + node_path(tree, b, j))
+                                         for j in range(tree.tokens.shape[1])]) for b in range(bs)])
+        state = batch_state(orchs)
+        if state is not None:
+            apply_node_penalties(rows, tree, state)
+        verdict = accept_path(tree, rows.argmax(-1))
+        for b in range(bs):
+            for t in verdict.tokens[b, : int(verdict.accept_len[b]) + 1].tolist():
+                feed(orchs[b], seqs[b], t)
+        steps += 1
+    return [sq[len(p):len(p) + length] for sq, p in zip(seqs, prompts)], steps
+
+
+def feed(orch, seq: list[int], token: int) -> None:
+    orch.cumulate_output_tokens(torch.tensor([token]))
+    seq.append(token)
+
+
+PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]]
+
+
+@pytest.mark.parametrize("settings", [
+    {"frequency": 0.9}, {"presence": 1.5}, {"repetition": 1.8}, {"min_new": 12},
+    {"frequency": 0.5, "presence": 0.7, "repetition": 1.3, "min_new": 6},
+], ids=["frequency", "presence", "repetition", "min_new_tokens", "all"])
+def test_ddtree_with_penalties_gives_nones_tokens(settings):
+    batch = [settings, {}, settings, {"repetition": 1.2}]           # a request without, one with another
+    want = none_decode(PROMPTS, batch, 24)
+    got, steps = ddtree_decode(PROMPTS, batch, 24)
+    assert got == want
+    assert steps < 24 - 1                                             # trees were accepted past the root
+    without = none_decode(PROMPTS, [{}] * 4, 24)
+    assert want[0] != without[0] or want[2] != without[2]            # the penalty changed the answer
+
+
+def test_the_path_matters_a_step_start_penalty_is_not_enough():
+    """The same decoding with the penalties frozen at the root (what a chain verifier broadcasting the step's
+    penalty does) gives other tokens: the per-node path corrections are what makes DDTREE equal NONE."""
+    import ddtree.penalties as pen
+
+    settings = [{"frequency": 1.2, "presence": 1.0}] * 4
+    want = none_decode(PROMPTS, settings, 24)
+    real = pen.path_pairs
+
+    def no_path(tree, vocab):
+        pairs = real(tree, vocab)
+        return pen.PathPairs(pairs.on_path & False, pairs.first & False, pairs.token_on_path & False, pairs.index)
+    try:
+        pen.path_pairs = no_path
+        frozen, _ = ddtree_decode(PROMPTS, settings, 24)
+    finally:
+        pen.path_pairs = real
+    assert frozen != want
