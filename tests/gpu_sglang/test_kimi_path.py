@@ -14,16 +14,18 @@ float32 model's own choice, then re-anchored):
 - INT4 routed experts (compressed-tensors W4A16, group 32) under SGLang's default MoE runner (Marlin) and
   its Triton one: DDTREE equal to plain decoding on the same checkpoint (partings judged by that checkpoint's
   model in float32);
-- FlashInfer attention on the MLA target: refused at start-up (its verify graphs failed on this pair).
+- FlashInfer attention on the MLA target: refused at start-up (its verify graphs failed on this pair);
+- SGLang's deterministic inference: DDTREE held to the strict rule where SGLang's own DFLASH meets it, and a
+  seeded request's answer the same whatever the batch (issue 33).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
