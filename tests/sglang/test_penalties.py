@@ -4,9 +4,11 @@ NONE: a stand-in target (logits a fixed function of the prefix) decoded greedily
 BatchedPenalizerOrchestrator applied before each choice and fed each chosen token, as its scheduler
 does. DDTREE: trees from a draft that knows the target a little, the node logits penalised by
 ddtree.penalties with the state read from the same orchestrator as of the root
-(ddtree.sglang.penalty_state), the greedy walk, the accepted tokens fed to the orchestrator. The
-emitted tokens must be NONE's for frequency, presence, repetition and min_new_tokens, alone and
-together, with requests of different settings in one batch. Runs in the SGLang contract venv.
+(ddtree.sglang.penalty_state), the greedy walk, the committed tokens fed to the one orchestrator of
+the batch as SGLang's scheduler (the last token of each request) and the worker (the rest,
+feed_committed) feed them. The emitted tokens must be NONE's for frequency, presence, repetition and
+min_new_tokens, alone and together, with requests of different settings in one batch. Runs in the
+SGLang contract venv.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from sglang.srt.sampling import penaltylib  # noqa: E402
 from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator  # noqa: E402
 
 from ddtree import build_tree  # noqa: E402
-from ddtree.penalties import PenaltyState, apply_node_penalties  # noqa: E402
-from ddtree.sglang.penalty_state import penalty_state  # noqa: E402
+from ddtree.penalties import apply_node_penalties  # noqa: E402
+from ddtree.sglang.penalty_state import feed_committed, penalty_state  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 
 VOCAB, EOS = 20, 19
@@ -64,6 +66,8 @@ def orchestrator(settings: list[dict]):
 
 
 def none_decode(prompts, settings, length):
+    """Greedy NONE as SGLang runs it: each token chosen after the penalties of the output so far, each
+    output token fed to the penalizers before the next step."""
     orch, seqs = orchestrator(settings), [list(p) for p in prompts]
     for _ in range(length):
         logits = torch.stack([target_logits(s) for s in seqs])
@@ -92,56 +96,33 @@ def node_path(tree, b: int, j: int) -> list[int]:
     return out[::-1]
 
 
-def neutral() -> PenaltyState:
-    """A request without penalties, in the batch's PenaltyState."""
-    return PenaltyState(additive=torch.zeros(1, VOCAB), scaling=torch.ones(1, VOCAB), frequency=torch.zeros(1),
-                        presence=torch.zeros(1), repetition=torch.ones(1), seen=torch.zeros(1, VOCAB, dtype=torch.bool),
-                        out_len=torch.zeros(1, dtype=torch.int64), min_new_tokens=torch.zeros(1, dtype=torch.int64),
-                        stop=torch.zeros(1, VOCAB, dtype=torch.bool))
-
-
-def batch_state(orchs) -> PenaltyState | None:
-    """One PenaltyState for the batch from each request's own orchestrator (SGLang keeps one for the batch;
-    one per request lets this test feed each request its own number of committed tokens)."""
-    states = [penalty_state(o, 1, VOCAB, "cpu") for o in orchs]
-    if all(st is None for st in states):
-        return None
-    base = neutral()
-    parts = {name: [getattr(st, name) if st is not None and getattr(st, name) is not None else getattr(base, name)
-                    for st in states] for name in PenaltyState.__dataclass_fields__}
-    return PenaltyState(**{name: torch.cat(values) for name, values in parts.items()})
-
-
 def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0):
-    """The first token from the prompt as NONE takes it (SGLang's prefill), then DDTREE steps; each committed
-    token fed to its request's orchestrator as SGLang's scheduler feeds it."""
-    gen, seqs = torch.Generator().manual_seed(seed), [list(p) for p in prompts]
-    orchs = [orchestrator([st]) for st in settings]
-    for o, sq in zip(orchs, seqs):
-        first = target_logits(sq)[None]
-        o.apply(first, repeat=1)
-        feed(o, sq, int(first.argmax()))
+    """SGLang's flow with one orchestrator for the batch: the prefill's token, then each decode step begins
+    with the scheduler feeding every request's last output token (cumulate_penalty_output_tokens); the DDTREE
+    step penalises its nodes from that state, walks, and feeds the accepted draft tokens itself
+    (feed_committed); the bonus is fed by the next step's start."""
+    gen, seqs, orch = torch.Generator().manual_seed(seed), [list(p) for p in prompts], orchestrator(settings)
+    first = torch.stack([target_logits(sq) for sq in seqs])
+    orch.apply(first, repeat=1)
+    for sq, t in zip(seqs, first.argmax(-1).tolist()):
+        sq.append(t)
     steps = 0
     while min(len(sq) - len(p) for sq, p in zip(seqs, prompts)) < length:
         bs = len(seqs)
+        orch.cumulate_output_tokens(torch.tensor([sq[-1] for sq in seqs]))     # the scheduler, before the step
         draft = torch.stack([informed_draft(sq, depth, gen) for sq in seqs])
         tree = build_tree(draft, torch.tensor([sq[-1] for sq in seqs]), budget=budget, topk_cap=cap, backend="torch")
         rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + node_path(tree, b, j))
                                          for j in range(tree.tokens.shape[1])]) for b in range(bs)])
-        state = batch_state(orchs)
+        state = penalty_state(orch, bs, VOCAB, "cpu")
         if state is not None:
             apply_node_penalties(rows, tree, state)
         verdict = accept_path(tree, rows.argmax(-1))
+        feed_committed(orch, verdict.tokens, verdict.accept_len)                 # the worker, after the walk
         for b in range(bs):
-            for t in verdict.tokens[b, : int(verdict.accept_len[b]) + 1].tolist():
-                feed(orchs[b], seqs[b], t)
+            seqs[b] += verdict.tokens[b, : int(verdict.accept_len[b]) + 1].tolist()
         steps += 1
     return [sq[len(p):len(p) + length] for sq, p in zip(seqs, prompts)], steps
-
-
-def feed(orch, seq: list[int], token: int) -> None:
-    orch.cumulate_output_tokens(torch.tensor([token]))
-    seq.append(token)
 
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]]
@@ -179,3 +160,18 @@ def test_the_path_matters_a_step_start_penalty_is_not_enough():
     finally:
         pen.path_pairs = real
     assert frozen != want
+
+
+def test_the_accepted_tokens_must_be_fed_sglang_counts_one_per_step():
+    """SGLang's scheduler feeds its penalizers one token per request per step; without the worker feeding
+    the other accepted tokens, the counts fall behind and the answer is not NONE's."""
+    global feed_committed
+    settings = [{"frequency": 1.0, "presence": 0.8, "min_new": 16}] * 4
+    want = none_decode(PROMPTS, settings, 24)
+    real = feed_committed
+    try:
+        feed_committed = lambda *args: None            # noqa: E731 - the scheduler's feeding alone
+        starved, _ = ddtree_decode(PROMPTS, settings, 24)
+    finally:
+        feed_committed = real
+    assert starved != want

@@ -47,3 +47,37 @@ def penalty_state(orchestrator, bs: int, vocab: int, device) -> PenaltyState | N
         min_new_tokens=torch.zeros(bs, dtype=torch.int64, device=device) if hold is None
         else hold.min_new_tokens.view(bs).to(torch.int64),
         stop=None if hold is None else torch.isneginf(hold.stop_token_penalties[:, :vocab]))
+
+
+def feed_committed(orchestrator, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+    """Count a DDTREE step's committed tokens in SGLang's penalizers, but the last of each request.
+
+    SGLang feeds its penalizers one token per request per decode step - the request's last output
+    token, in ScheduleBatch.cumulate_penalty_output_tokens before the next step - so of the 1..L+1
+    tokens a tree step commits it would count only the bonus. This counts the others (the accepted
+    draft tokens), where SGLang's penalizers keep their state, with the same update each does for one
+    token. tokens int64 [bs, L+1] (verdict.tokens: accepted tokens, then the bonus, -1 padded);
+    counts int64 [bs]: accepted draft tokens (verdict.accept_len). No host synchronisation.
+    """
+    if orchestrator is None or not orchestrator.is_required:
+        return
+    pens = _prepared(orchestrator)
+    freq, pres = pens.get("BatchedFrequencyPenalizer"), pens.get("BatchedPresencePenalizer")
+    rep, hold = pens.get("BatchedRepetitionPenalizer"), pens.get("BatchedMinNewTokensPenalizer")
+    depth = tokens.shape[1] - 1
+    ids = tokens[:, :depth].clamp(min=0)                                          # [bs, L]
+    counted = torch.arange(depth, device=tokens.device)[None, :] < counts[:, None]   # [bs, L]
+    if freq is not None:
+        freq.cumulated_frequency_penalties.scatter_add_(
+            1, ids, freq.frequency_penalties.expand(-1, depth) * counted)
+    # presence and repetition set a value per token: every slot naming a counted token writes the new value
+    # (slots naming the same token write the same thing), the others write back what is there
+    hit = ((ids[:, :, None] == ids[:, None, :]) & counted[:, None, :]).any(dim=-1)   # [bs, L]
+    for pen, attr, value in ((pres, "cumulated_presence_penalties", "presence_penalties"),
+                             (rep, "cumulated_repetition_penalties", "repetition_penalties")):
+        if pen is not None:
+            state = getattr(pen, attr)
+            now = state.gather(1, ids)
+            state.scatter_(1, ids, torch.where(hit, getattr(pen, value).expand(-1, depth).to(state.dtype), now))
+    if hold is not None:
+        hold.len_output_tokens += counts.view(-1, 1).to(hold.len_output_tokens.dtype)

@@ -18,8 +18,11 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
                       window req_to_token[prefix : prefix + N]
   _ddtree_verify      that one pass (CUDA graphs captured at width N)
   _ddtree_verdict     the target's token at every node (argmax, or one sample of the processed
-                      distribution: temperature, top-k, top-p, min-p, logit bias), rank 0's for
-                      every rank, then the walk from the root -> Verdict
+                      distribution: temperature, top-k, top-p, min-p, logit bias; with a seed under
+                      deterministic inference, SGLang's seeded draw at the node's position; with
+                      penalties, each node's own path counted), rank 0's for every rank, then the
+                      walk from the root -> Verdict; the accepted draft tokens fed to SGLang's
+                      penalizers (its scheduler feeds only the last)
   _ddtree_commit      the window permuted so the accepted path's slots come first (page size 1:
                       no K/V moves), the draft's context extended with the target hidden states of
                       the path; tokens [bs, block] for the scheduler (stride = block size, at most
@@ -36,7 +39,8 @@ the block for the draft runner's graphs and N for the target's.
 Refused at start-up (settings.refusals), and again here where only the loaded models tell:
 DFlash2 selector, LiLiCorr and Domino drafts, hybrid (mamba) and sliding-window targets,
 quantized or added-vocabulary LM heads. Per request (requests.py): logprobs, grammars,
-penalties, custom logit processors.
+penalties and min_new_tokens (applied per node here, ddtree.penalties, but refused until the GPU test
+bed has shown them equal to NONE), custom logit processors.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_mask, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
+from ddtree.penalties import apply_node_penalties
+from ddtree.sglang.penalty_state import feed_committed, penalty_state
 from ddtree.sglang.profile import OFF, StepProfiler
 from ddtree.sglang.seeded import seeded_node_targets
 from ddtree.settings import DDTreeConfigError
@@ -321,11 +327,17 @@ class DDTreeWorker(DFlashWorkerV2):
             else:
                 logits = lp.finish_deferred_gather(logits)
                 logits_output.next_token_logits = logits
+        penalties = None
         if targets is None:
-            if info is not None:                                                 # logit bias, per node
+            rows = logits.view(bs, n, -1)                                        # [bs, N, V]
+            penalties = self._ddtree_penalties(info, rows)
+            if penalties is not None:                # each node with its own path's counts (not a step-start broadcast)
+                apply_node_penalties(rows, tree, penalties)
+                if info.logit_bias is not None:
+                    rows.add_(info.logit_bias[:, None, :].to(rows.dtype))
+            elif info is not None:                                               # logit bias, per node
                 apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
                                                        draft_token_num=n)
-            rows = logits.view(bs, n, -1)                                        # [bs, N, V]
             if greedy:
                 targets = rows.argmax(dim=-1)
             elif info.sampling_seed is not None:
@@ -336,7 +348,21 @@ class DDTreeWorker(DFlashWorkerV2):
         targets = targets.view(bs, n).to(torch.int64).contiguous()
         site = SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if greedy else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
         self._tp_sync.sync(site, targets)
-        return accept_path(tree, targets)
+        verdict = accept_path(tree, targets)
+        if penalties is not None:                    # SGLang's scheduler counts only the last committed token
+            feed_committed(info.penalizer_orchestrator, verdict.tokens, verdict.accept_len)
+        return verdict
+
+    @staticmethod
+    def _ddtree_penalties(info, rows: torch.Tensor):
+        """The batch's penalty state as of the roots, or None when no request has a penalty."""
+        orchestrator = getattr(info, "penalizer_orchestrator", None) if info is not None else None
+        if orchestrator is None or not orchestrator.is_required:
+            return None
+        if rows.shape[-1] != orchestrator.vocab_size:
+            raise RuntimeError(f"DDTREE verify logits have {rows.shape[-1]} columns, SGLang's penalizers "
+                               f"{orchestrator.vocab_size}: per-node penalties need the same vocabulary")
+        return penalty_state(orchestrator, rows.shape[0], rows.shape[-1], rows.device)
 
     def _ddtree_commit(self, batch, verdict, prefix_lens: torch.Tensor, window: StepWindow, target_out,
                        on_publish):
