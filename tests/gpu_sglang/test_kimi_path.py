@@ -53,8 +53,9 @@ WRAPPER = ("none-wrapper", "ddtree-b32-c8-graphs-wrapper")
 INT4_RUNNERS = {"marlin": "", "triton": "-moetriton"}
 # SGLang's deterministic inference: fixed MoE tile configs and attention split sizes whatever the batch
 DETERMINISTIC = ("none-det", "dflash-det", "ddtree-b32-c8-graphs-det")
+PENALISED = "ddtree-b32-c8-graphs-det-pen"          # per-node penalties served (SGLANG_DDTREE_PENALTIES=1)
 KIMI_SERVERS = (*RADIX, *WRAPPER, *(f"{a}-int4{r}" for r in INT4_RUNNERS.values()
-                                   for a in ("none", "ddtree-b32-c8-graphs")), *DETERMINISTIC)
+                                   for a in ("none", "ddtree-b32-c8-graphs")), *DETERMINISTIC, PENALISED)
 
 
 def compare_modes(plain, tree, prompts, want, record_property, exact, label=""):
@@ -279,3 +280,43 @@ def test_a_seeded_request_repeats_its_answer_whatever_the_batch(fleet, prompts, 
     assert alone == together == crowded
     assert other_seed != alone[0], "another seed gave the same 64 sampled tokens: the seed is not used"
     assert refused.get("http_status") == 400 and "--enable-deterministic-inference" in refused["error"]
+
+
+
+# --- penalties per node (issue 33, item 2) ----------------------------------------------------------------
+
+PENALTIES = {"frequency": {"frequency_penalty": 0.6}, "presence": {"presence_penalty": 0.8},
+             "repetition": {"repetition_penalty": 1.3}, "min_new_tokens": {"min_new_tokens": 100, "ignore_eos": False},
+             "all": {"frequency_penalty": 0.3, "presence_penalty": 0.3, "repetition_penalty": 1.1}}
+
+
+@pytest.fixture(scope="session")
+def dflash_is_exact(fleet, prompts) -> bool:
+    """Whether SGLang's own DFLASH under deterministic inference gives NONE's greedy tokens on every prompt:
+    the condition for holding DDTREE to exact identity there."""
+    want = outputs(ready(fleet, DETERMINISTIC[0]).complete_all(prompts, harness.greedy(), 1))
+    return want == outputs(ready(fleet, DETERMINISTIC[1]).complete_all(prompts, harness.greedy(), 1))
+
+
+@pytest.mark.parametrize("penalty", list(PENALTIES))
+def test_penalties_per_node_give_nones_tokens(fleet, prompts, penalty, dflash_is_exact, record_property):
+    """Under deterministic inference, where SGLang's own DFLASH gives NONE's greedy tokens exactly, a penalised
+    greedy request on DDTREE gives NONE's penalised tokens exactly, one at a time and 8 at once (no
+    re-anchoring: plain decoding's top-2 would not carry the penalty); and the penalty changed NONE's answer."""
+    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, PENALISED)
+    sampling = {**harness.greedy(), **PENALTIES[penalty]}
+    want = outputs(plain.complete_all(prompts, sampling, 1))
+    unpenalised = outputs(plain.complete_all(prompts, harness.greedy(), 1))
+    same = {}
+    for mode, concurrency in (("one by one", 1), ("8 at once", 8)):
+        got = outputs(tree.complete_all(prompts, sampling, concurrency))
+        same[mode] = sum(a == b for a, b in zip(want, got))
+        firsts = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(want, got)]
+        record_property(f"{mode}: identical / first differences", f"{same[mode]}/{len(prompts)} / {firsts}")
+    changed = sum(a != b for a, b in zip(want, unpenalised))
+    record_property("prompts whose NONE answer the penalty changed", f"{changed}/{len(prompts)}")
+    assert changed > 0
+    if not dflash_is_exact:
+        pytest.skip("SGLang's own DFLASH is not exact against NONE under deterministic inference on this target: "
+                    f"identity is not the bar (identical {same})")
+    assert same == {"one by one": len(prompts), "8 at once": len(prompts)}

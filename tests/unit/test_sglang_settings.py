@@ -147,6 +147,14 @@ def test_a_seed_is_served_under_deterministic_inference_and_refused_without_it()
     assert "frequency_penalty" in request_refusal({**seeded, "frequency_penalty": 0.5}, NS(), deterministic=True)
 
 
+def test_penalties_are_served_only_when_the_server_says_so():
+    for params in ({"frequency_penalty": 0.5}, {"presence_penalty": 0.5}, {"repetition_penalty": 1.2},
+                   {"min_new_tokens": 8}):
+        assert request_refusal(params, NS()) is not None
+        assert request_refusal(params, NS(), penalties=True) is None
+    assert "json_schema" in request_refusal({"json_schema": "{}"}, NS(), penalties=True)
+
+
 # --- the export ----------------------------------------------------------------------------
 
 def tiny_pair(target_layer_ids=(0, 1)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from ddtree.sglang import graph_check, keys
 from ddtree.sglang.requests import request_refusal
@@ -22,6 +23,9 @@ VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._vali
 LOGGED_SERVER_ARGS = "sglang.srt.entrypoints.engine._server_args_for_logging"
 SECRET_FIELDS = ("api_key", "admin_api_key")
 DEFAULT_MAX_RUNNING_REQUESTS = 48   # what SGLang 0.5.23 sets for DFLASH when unset
+# per-node penalties and min_new_tokens (ddtree.penalties): served only with this set to 1 until the GPU test bed
+# has shown them equal to NONE (tests/gpu_sglang/test_kimi_path.py); refused per request otherwise
+ENV_PENALTIES = "SGLANG_DDTREE_PENALTIES"
 _registered = False
 
 
@@ -102,7 +106,9 @@ def refuse_unsupported_requests(*args, **kwargs):
     if algorithm != ALGORITHM or obj is None:
         return None
     deterministic = bool(getattr(manager.server_args, "enable_deterministic_inference", False))
-    message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic)
+    penalties = os.environ.get(ENV_PENALTIES) == "1"
+    message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic,
+                              penalties=penalties)
     if message:
         raise ValueError(message)
     return None

@@ -28,12 +28,14 @@ NEUTRAL_SAMPLING = {
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
-def request_refusal(sampling_params: Mapping | None, request: object, deterministic: bool = False) -> str | None:
+def request_refusal(sampling_params: Mapping | None, request: object, deterministic: bool = False,
+                    penalties: bool = False) -> str | None:
     """The first unsupported feature of one generate request, as an error message, or None.
 
     sampling_params: the request's sampling parameters as sent (a dict or None); request: an
     object with the request-level fields of SGLang's GenerateReqInput (read with getattr);
-    deterministic: the server runs --enable-deterministic-inference (seeds are honoured).
+    deterministic: the server runs --enable-deterministic-inference (seeds are honoured);
+    penalties: the server was started with SGLANG_DDTREE_PENALTIES=1 (per-node penalties, under test).
     """
     if getattr(request, "return_logprob", False):
         return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
@@ -55,7 +57,7 @@ def request_refusal(sampling_params: Mapping | None, request: object, determinis
     for field in GRAMMAR_FIELDS:
         if params.get(field) is not None:
             return f"sampling_params.{field} (constrained decoding) is not supported by this DDTREE server; {FIX}"
-    for field, neutral in NEUTRAL_SAMPLING.items():
+    for field, neutral in ({} if penalties else NEUTRAL_SAMPLING).items():
         value = params.get(field)
         if value is not None and float(value) != float(neutral):
             return (f"sampling_params.{field}={value!r} is not supported by this DDTREE server (only {neutral} "
