@@ -5,8 +5,7 @@ BatchedPenalizerOrchestrator applied before each choice and fed each chosen toke
 does. DDTREE: trees from a draft that knows the target a little, the node logits penalised by
 ddtree.penalties with the state read from the same orchestrator as of the root
 (ddtree.sglang.penalty_state), the greedy walk, the committed tokens fed to the one orchestrator of
-the batch as SGLang's scheduler (the last token of each request) and the worker (the rest,
-feed_committed) feed them. The emitted tokens must be NONE's for frequency, presence, repetition and
+the batch as the worker feeds them (the root before the step, the accepted draft tokens after it). The emitted tokens must be NONE's for frequency, presence, repetition and
 min_new_tokens, alone and together, with requests of different settings in one batch. Runs in the
 SGLang contract venv.
 """
@@ -97,10 +96,10 @@ def node_path(tree, b: int, j: int) -> list[int]:
 
 
 def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0):
-    """SGLang's flow with one orchestrator for the batch: the prefill's token, then each decode step begins
-    with the scheduler feeding every request's last output token (cumulate_penalty_output_tokens); the DDTREE
-    step penalises its nodes from that state, walks, and feeds the accepted draft tokens itself
-    (feed_committed); the bonus is fed by the next step's start."""
+    """The worker's flow with one orchestrator for the batch (SGLang 0.5.23's DFLASH-family decode preparation
+    feeds the penalizers nothing): the prefill's token; each DDTREE step feeds its roots (the prefill's token,
+    then the last bonus), penalises its nodes from that state, walks, and feeds the accepted draft tokens
+    (feed_committed)."""
     gen, seqs, orch = torch.Generator().manual_seed(seed), [list(p) for p in prompts], orchestrator(settings)
     first = torch.stack([target_logits(sq) for sq in seqs])
     orch.apply(first, repeat=1)
@@ -109,7 +108,7 @@ def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0):
     steps = 0
     while min(len(sq) - len(p) for sq, p in zip(seqs, prompts)) < length:
         bs = len(seqs)
-        orch.cumulate_output_tokens(torch.tensor([sq[-1] for sq in seqs]))     # the scheduler, before the step
+        orch.cumulate_output_tokens(torch.tensor([sq[-1] for sq in seqs]))     # the roots (_ddtree_penalties)
         draft = torch.stack([informed_draft(sq, depth, gen) for sq in seqs])
         tree = build_tree(draft, torch.tensor([sq[-1] for sq in seqs]), budget=budget, topk_cap=cap, backend="torch")
         rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + node_path(tree, b, j))
@@ -162,16 +161,28 @@ def test_the_path_matters_a_step_start_penalty_is_not_enough():
     assert frozen != want
 
 
-def test_the_accepted_tokens_must_be_fed_sglang_counts_one_per_step():
-    """SGLang's scheduler feeds its penalizers one token per request per step; without the worker feeding
-    the other accepted tokens, the counts fall behind and the answer is not NONE's."""
+def test_the_accepted_tokens_must_be_fed():
+    """Feeding only one token per request per step (what NONE's decode preparation does) lets the counts
+    fall behind on DDTREE, and the answer is not NONE's."""
     global feed_committed
     settings = [{"frequency": 1.0, "presence": 0.8, "min_new": 16}] * 4
     want = none_decode(PROMPTS, settings, 24)
     real = feed_committed
     try:
-        feed_committed = lambda *args: None            # noqa: E731 - the scheduler's feeding alone
+        feed_committed = lambda *args: None            # noqa: E731 - the roots' feeding alone
         starved, _ = ddtree_decode(PROMPTS, settings, 24)
     finally:
         feed_committed = real
     assert starved != want
+
+
+def test_sglangs_dflash_decode_preparation_feeds_no_penalizer():
+    """What the worker's feeding of the roots relies on: SGLang 0.5.23's DFLASH-family decode preparation
+    (DDTREE's) does not feed the penalizers, NONE's does (a version that starts to would count roots twice)."""
+    import inspect
+
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+    assert "cumulate" not in inspect.getsource(DFlashDraftInputV2.prepare_for_decode)
+    assert "cumulate_penalty_output_tokens" in inspect.getsource(ScheduleBatch.prepare_for_decode)

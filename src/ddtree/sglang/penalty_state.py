@@ -50,14 +50,11 @@ def penalty_state(orchestrator, bs: int, vocab: int, device) -> PenaltyState | N
 
 
 def feed_committed(orchestrator, tokens: torch.Tensor, counts: torch.Tensor) -> None:
-    """Count a DDTREE step's committed tokens in SGLang's penalizers, but the last of each request.
-
-    SGLang feeds its penalizers one token per request per decode step - the request's last output
-    token, in ScheduleBatch.cumulate_penalty_output_tokens before the next step - so of the 1..L+1
-    tokens a tree step commits it would count only the bonus. This counts the others (the accepted
-    draft tokens), where SGLang's penalizers keep their state, with the same update each does for one
-    token. tokens int64 [bs, L+1] (verdict.tokens: accepted tokens, then the bonus, -1 padded);
-    counts int64 [bs]: accepted draft tokens (verdict.accept_len). No host synchronisation.
+    """Count a DDTREE step's accepted draft tokens in SGLang's penalizers (the bonus is counted as the next
+    step's root: the worker feeds the root before each step, as NONE's decode preparation feeds its last
+    token, which SGLang 0.5.23's DFLASH-family preparation does not). Each penalizer's state gets the same
+    update it does for one token. tokens int64 [bs, L+1] (verdict.tokens: accepted tokens, then the bonus,
+    -1 padded); counts int64 [bs]: accepted draft tokens (verdict.accept_len). No host synchronisation.
     """
     if orchestrator is None or not orchestrator.is_required:
         return

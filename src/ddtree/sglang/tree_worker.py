@@ -21,8 +21,8 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
                       distribution: temperature, top-k, top-p, min-p, logit bias; with a seed under
                       deterministic inference, SGLang's seeded draw at the node's position; with
                       penalties, each node's own path counted), rank 0's for every rank, then the
-                      walk from the root -> Verdict; the accepted draft tokens fed to SGLang's
-                      penalizers (its scheduler feeds only the last)
+                      walk from the root -> Verdict; the root and the accepted draft tokens fed to
+                      SGLang's penalizers (its DFLASH-family decode preparation feeds none)
   _ddtree_commit      the window permuted so the accepted path's slots come first (page size 1:
                       no K/V moves), the draft's context extended with the target hidden states of
                       the path; tokens [bs, block] for the scheduler (stride = block size, at most
@@ -330,7 +330,7 @@ class DDTreeWorker(DFlashWorkerV2):
         penalties = None
         if targets is None:
             rows = logits.view(bs, n, -1)                                        # [bs, N, V]
-            penalties = self._ddtree_penalties(info, rows)
+            penalties = self._ddtree_penalties(info, rows, tree.tokens[:, 0])
             if penalties is not None:                # each node with its own path's counts (not a step-start broadcast)
                 apply_node_penalties(rows, tree, penalties)
                 if info.logit_bias is not None:
@@ -349,19 +349,23 @@ class DDTreeWorker(DFlashWorkerV2):
         site = SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if greedy else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
         self._tp_sync.sync(site, targets)
         verdict = accept_path(tree, targets)
-        if penalties is not None:                    # SGLang's scheduler counts only the last committed token
+        if penalties is not None:                    # the accepted draft tokens; the bonus is the next root
             feed_committed(info.penalizer_orchestrator, verdict.tokens, verdict.accept_len)
         return verdict
 
     @staticmethod
-    def _ddtree_penalties(info, rows: torch.Tensor):
-        """The batch's penalty state as of the roots, or None when no request has a penalty."""
+    def _ddtree_penalties(info, rows: torch.Tensor, roots: torch.Tensor):
+        """The batch's penalty state as of the roots, or None when no request has a penalty. SGLang 0.5.23's
+        DFLASH-family decode preparation feeds its penalizers nothing (NONE's feeds the last output token
+        before each step), so the worker feeds each root here - the prefill's token, then each step's bonus -
+        and the accepted draft tokens after the walk (feed_committed)."""
         orchestrator = getattr(info, "penalizer_orchestrator", None) if info is not None else None
         if orchestrator is None or not orchestrator.is_required:
             return None
         if rows.shape[-1] != orchestrator.vocab_size:
             raise RuntimeError(f"DDTREE verify logits have {rows.shape[-1]} columns, SGLang's penalizers "
                                f"{orchestrator.vocab_size}: per-node penalties need the same vocabulary")
+        orchestrator.cumulate_output_tokens(roots)                               # int64 [bs]
         return penalty_state(orchestrator, rows.shape[0], rows.shape[-1], rows.device)
 
     def _ddtree_commit(self, batch, verdict, prefix_lens: torch.Tensor, window: StepWindow, target_out,
