@@ -88,6 +88,7 @@ SUFFIXES = {
     "-radix": lambda c: replace(c, radix=True, env=c.env + RADIX_ENV),
     "-det": lambda c: replace(c, extra=c.extra + ("--enable-deterministic-inference",)),
     "-pen": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PENALTIES", "1"),)),
+    "-lp": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_LOGPROBS", "1"),)),
     "-tp2": lambda c: replace(c, tp=2),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
@@ -97,7 +98,7 @@ def config(name: str) -> ServerConfig:
     """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>, then any of
     -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
     -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache), -det
-    (--enable-deterministic-inference), -pen (DDTREE's per-node penalties served: SGLANG_DDTREE_PENALTIES=1),
+    (--enable-deterministic-inference), -pen (DDTREE's per-node penalties served: SGLANG_DDTREE_PENALTIES=1), -lp (its output logprobs served),
     -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):

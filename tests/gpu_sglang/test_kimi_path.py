@@ -54,8 +54,9 @@ INT4_RUNNERS = {"marlin": "", "triton": "-moetriton"}
 # SGLang's deterministic inference: fixed MoE tile configs and attention split sizes whatever the batch
 DETERMINISTIC = ("none-det", "dflash-det", "ddtree-b32-c8-graphs-det")
 PENALISED = "ddtree-b32-c8-graphs-det-pen"          # per-node penalties served (SGLANG_DDTREE_PENALTIES=1)
+LOGPROBS = "ddtree-b32-c8-graphs-det-lp"            # output logprobs served (SGLANG_DDTREE_LOGPROBS=1)
 KIMI_SERVERS = (*RADIX, *WRAPPER, *(f"{a}-int4{r}" for r in INT4_RUNNERS.values()
-                                   for a in ("none", "ddtree-b32-c8-graphs")), *DETERMINISTIC, PENALISED)
+                                   for a in ("none", "ddtree-b32-c8-graphs")), *DETERMINISTIC, PENALISED, LOGPROBS)
 
 
 def compare_modes(plain, tree, prompts, want, record_property, exact, label=""):
@@ -320,3 +321,38 @@ def test_penalties_per_node_give_nones_tokens(fleet, prompts, penalty, dflash_is
         pytest.skip("SGLang's own DFLASH is not exact against NONE under deterministic inference on this target: "
                     f"identity is not the bar (identical {same})")
     assert same == {"one by one": len(prompts), "8 at once": len(prompts)}
+
+
+
+# --- output logprobs (issue 33, item 1) --------------------------------------------------------------------
+
+LOGPROB_TOLERANCE = 0.1    # nats: bf16 logits over a verify pass against a decode step (see the export check)
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_output_logprobs_equal_nones(fleet, prompts, concurrency, record_property):
+    """Greedy with return_logprob and 5 top logprobs: on every token where DDTREE's answer equals NONE's (both
+    with deterministic inference), its logprob and top-5 equal NONE's within LOGPROB_TOLERANCE; every emitted
+    token has one."""
+    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, LOGPROBS)
+    asks = {"return_logprob": True, "top_logprobs_num": 5}
+
+    def run(server, conc):
+        with ThreadPoolExecutor(max_workers=conc) as pool:
+            return list(pool.map(lambda p: server.generate(p, harness.greedy(64), **asks), prompts))
+    want, got = run(plain, 1), run(tree, concurrency)
+    diffs, top_diffs, compared = [], [], 0
+    for w, g in zip(want, got):
+        wl, gl = w["meta_info"]["output_token_logprobs"], g["meta_info"]["output_token_logprobs"]
+        assert len(gl) == len(g["output_ids"]), "a committed token without its logprob"
+        same = next((i for i, (a, b) in enumerate(zip(w["output_ids"], g["output_ids"])) if a != b),
+                    len(g["output_ids"]))
+        compared += same
+        diffs += [abs(a[0] - b[0]) for a, b in zip(wl[:same], gl[:same])]
+        for a, b in zip(w["meta_info"]["output_top_logprobs"][:same], g["meta_info"]["output_top_logprobs"][:same]):
+            top_diffs += [abs(x[0] - y[0]) for x, y in zip(a, b) if x[1] == y[1]]
+    record_property("tokens compared", compared)
+    record_property("|dlogprob| mean / max", f"{sum(diffs) / len(diffs):.4f} / {max(diffs):.4f}")
+    record_property("top-5 |dlogprob| max (same ids)", f"{max(top_diffs):.4f}")
+    assert compared > len(prompts) * 16
+    assert max(diffs) < LOGPROB_TOLERANCE and max(top_diffs) < LOGPROB_TOLERANCE

@@ -230,6 +230,11 @@ def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
     assert callable(dflash_worker_v2._resolve_dflash_embedding_module)
     params = inspect.signature(DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc).parameters
     assert {"target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens"} <= params.keys()
+    # SGLang functions the verdict and the commit call (logprobs in the chain layout; seeded draws)
+    from sglang.srt.layers import logprob_processor, sampler
+    assert {"batch", "logits_output", "predict", "chain_stride"} <= \
+        inspect.signature(logprob_processor.compute_spec_logprobs).parameters.keys()
+    assert {"sampling_seed", "positions"} <= inspect.signature(sampler.sampling_from_probs_torch).parameters.keys()
 
 
 def test_the_worker_module_is_imported_only_when_the_worker_is_asked_for():

@@ -155,6 +155,13 @@ def test_penalties_are_served_only_when_the_server_says_so():
     assert "json_schema" in request_refusal({"json_schema": "{}"}, NS(), penalties=True)
 
 
+def test_logprobs_are_served_only_when_the_server_says_so():
+    asks = NS(return_logprob=True, top_logprobs_num=5, token_ids_logprob=[[1, 2]])
+    assert request_refusal(None, asks).startswith("return_logprob=True")
+    assert request_refusal(None, asks, logprobs=True) is None
+    assert request_refusal({"frequency_penalty": 0.5}, asks, logprobs=True) is not None
+
+
 # --- the export ----------------------------------------------------------------------------
 
 def tiny_pair(target_layer_ids=(0, 1)):

@@ -26,6 +26,8 @@ DEFAULT_MAX_RUNNING_REQUESTS = 48   # what SGLang 0.5.23 sets for DFLASH when un
 # per-node penalties and min_new_tokens (ddtree.penalties): served only with this set to 1 until the GPU test bed
 # has shown them equal to NONE (tests/gpu_sglang/test_kimi_path.py); refused per request otherwise
 ENV_PENALTIES = "SGLANG_DDTREE_PENALTIES"
+# output logprobs of the committed tokens (tree_worker._ddtree_logprobs), likewise until the GPU test bed shows them
+ENV_LOGPROBS = "SGLANG_DDTREE_LOGPROBS"
 _registered = False
 
 
@@ -106,9 +108,9 @@ def refuse_unsupported_requests(*args, **kwargs):
     if algorithm != ALGORITHM or obj is None:
         return None
     deterministic = bool(getattr(manager.server_args, "enable_deterministic_inference", False))
-    penalties = os.environ.get(ENV_PENALTIES) == "1"
     message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic,
-                              penalties=penalties)
+                              penalties=os.environ.get(ENV_PENALTIES) == "1",
+                              logprobs=os.environ.get(ENV_LOGPROBS) == "1")
     if message:
         raise ValueError(message)
     return None

@@ -29,17 +29,18 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 def request_refusal(sampling_params: Mapping | None, request: object, deterministic: bool = False,
-                    penalties: bool = False) -> str | None:
+                    penalties: bool = False, logprobs: bool = False) -> str | None:
     """The first unsupported feature of one generate request, as an error message, or None.
 
     sampling_params: the request's sampling parameters as sent (a dict or None); request: an
     object with the request-level fields of SGLang's GenerateReqInput (read with getattr);
     deterministic: the server runs --enable-deterministic-inference (seeds are honoured);
-    penalties: the server was started with SGLANG_DDTREE_PENALTIES=1 (per-node penalties, under test).
+    penalties: the server was started with SGLANG_DDTREE_PENALTIES=1 (per-node penalties, under test);
+    logprobs: the server was started with SGLANG_DDTREE_LOGPROBS=1 (output logprobs, under test).
     """
-    if getattr(request, "return_logprob", False):
+    if getattr(request, "return_logprob", False) and not logprobs:
         return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
-    for field in ("top_logprobs_num", "token_ids_logprob"):
+    for field in () if logprobs else ("top_logprobs_num", "token_ids_logprob"):
         if getattr(request, field, None):
             return f"{field}={getattr(request, field)!r} is not supported by this DDTREE server; {FIX}"
     if getattr(request, "return_hidden_states", False):

@@ -49,6 +49,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.model_runner import SamplingPrewarmResult
@@ -354,6 +355,19 @@ class DDTreeWorker(DFlashWorkerV2):
         return verdict
 
     @staticmethod
+    def _ddtree_logprobs(batch, logits_output, done) -> None:
+        """Output logprobs (and top / token-id logprobs) of the committed tokens from the verify logits at
+        their path's nodes, after the verdict's processing, by SGLang's own compute_spec_logprobs in its
+        chain layout: row b * (L + 1) + j is request b's committed token j (done.hidden_rows names its node)."""
+        full = logits_output.next_token_logits                                    # [bs * N, V]
+        logits_output.next_token_logits = full.index_select(0, done.hidden_rows.reshape(-1))  # [bs * (L+1), V]
+        try:
+            compute_spec_logprobs(batch, logits_output, done.out_tokens.reshape(-1),
+                                  chain_stride=done.out_tokens.shape[1])
+        finally:
+            logits_output.next_token_logits = full
+
+    @staticmethod
     def _ddtree_penalties(info, rows: torch.Tensor, roots: torch.Tensor):
         """The batch's penalty state as of the roots, or None when no request has a penalty. SGLang 0.5.23's
         DFLASH-family decode preparation feeds its penalizers nothing (NONE's feeds the last output token
@@ -378,6 +392,8 @@ class DDTreeWorker(DFlashWorkerV2):
         if on_publish is not None:
             on_publish(done.new_seq_lens)
         logits_output = target_out.logits_output
+        if batch.return_logprob:
+            self._ddtree_logprobs(batch, logits_output, done)
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify returned no target hidden states for the draft's context")
