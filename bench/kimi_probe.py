@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_servers as harness  # noqa: E402
 from mla_probe import first_divergence  # noqa: E402
 
+from ddtree.reference.export import int4_quantization_config  # noqa: E402
+
 VOCAB, MASK_TOKEN, BOS, EOS, PAD, MEDIA = 163840, 163838, 163584, 163585, 163839, 163605
 YARN = {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0, "beta_slow": 1.0,
         "mscale": 1.0, "mscale_all_dim": 1.0}
@@ -58,16 +60,8 @@ VISION = {"patch_size": 14, "init_pos_emb_height": 8, "init_pos_emb_width": 8, "
 WRAPPER = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "torch_dtype": "bfloat16",
            "text_config": TEXT, "vision_config": VISION, "media_placeholder_token_id": MEDIA, "pad_token_id": PAD,
            "bos_token_id": BOS, "eos_token_id": EOS, "use_unified_vision_chunk": True, "tie_word_embeddings": False}
-# the routed experts' format of the published checkpoint (its quantization_config, verbatim in meaning)
-INT4 = {"config_groups": {"group_0": {"input_activations": None, "output_activations": None, "targets": ["Linear"],
-                                      "weights": {"actorder": None, "block_structure": None, "dynamic": False,
-                                                  "group_size": 32, "num_bits": 4, "observer": "minmax",
-                                                  "observer_kwargs": {}, "strategy": "group", "symmetric": True,
-                                                  "type": "int"}}},
-        "format": "pack-quantized", "kv_cache_scheme": None, "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-                   "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"]}
+# the routed experts' format of the published checkpoint (its quantization_config, verbatim in meaning): the export's
+INT4 = int4_quantization_config()
 # z-lab's Kimi K2.x DFlash draft in proportion: 64 : 8 query : KV heads, six target layers spread
 # below the last one (SGLang captures "before layer id + 1"), block 8, the mask token near the top
 DRAFT = {

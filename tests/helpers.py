@@ -88,3 +88,26 @@ def two_sample_chi_square_pvalue(a, b) -> float:
     if len(rows) < 2:
         return 1.0                                   # one cell: nothing to tell apart
     return float(stats.chi2_contingency(list(zip(*rows)), correction=False).pvalue)
+
+
+def tree_node_path(tree, b: int, j: int) -> list[int]:
+    """Request b's tokens from the root of its DDTree to node j (root included), by the parent links."""
+    out = []
+    while j >= 0:
+        out.append(int(tree.tokens[b, j]))
+        j = int(tree.parents[b, j])
+    return out[::-1]
+
+
+def informed_draft(target_logits, seq: list[int], depth: int, gen, noise: float):
+    """Draft logits [L, V] that know the target a little: depth d's are target_logits(seq + the draft's own
+    greedy path so far) plus noise x N(0, 1) - so trees are accepted past the root in CPU tests."""
+    import torch
+
+    rows = []
+    for _ in range(depth):
+        logits = target_logits(seq)
+        row = logits + noise * torch.randn(logits.shape[-1], generator=gen)
+        rows.append(row)
+        seq = seq + [int(row.argmax())]
+    return torch.stack(rows)

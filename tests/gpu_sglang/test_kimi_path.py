@@ -104,21 +104,15 @@ def radix_prompts(prompts: list[list[int]], answers: list[list[int]]) -> dict[st
             "prompt + its answer": [p + a for p, a in zip(prompts[:4], answers[:4])]}
 
 
-@pytest.fixture(scope="session")
-def first_answers(fleet, prompts) -> list[list[int]]:
-    """Plain decoding's answers to the first 8 prompts (no cache): the turns the radix prompts extend."""
-    return outputs(ready(fleet, "none").complete_all(prompts[:8], harness.greedy(), 1))
-
-
 @pytest.mark.parametrize("name", RADIX)
-def test_radix_cache_gives_the_no_cache_tokens_and_frees_its_pool(fleet, name, prompts, first_answers, exact,
+def test_radix_cache_gives_the_no_cache_tokens_and_frees_its_pool(fleet, name, prompts, none_greedy, exact,
                                                                    record_property):
     server, plain = ready(fleet, name), ready(fleet, "none")
     idle_used = loads(server)["num_used_tokens"]
     record_property("idle used KV slots", idle_used)
     # the turns the radix prompts extend, through this server: its cache now holds them
     outputs(server.complete_all(prompts[:8], harness.greedy(), 1))
-    groups = radix_prompts(prompts, first_answers)
+    groups = radix_prompts(prompts, none_greedy)          # plain decoding's answers (no cache) are the turns
     wrong, hits = [], {}
     for label, group in groups.items():
         want = outputs(plain.complete_all(group, harness.greedy(), 1))
@@ -230,12 +224,18 @@ def test_flashinfer_on_the_mla_target_is_refused_at_start_up(pair, tmp_path, rec
 
 # --- SGLang's deterministic inference -------------------------------------------------------------------
 
-def test_deterministic_inference_takes_the_bf16_drift_out(fleet, prompts, record_property):
+@pytest.fixture(scope="session")
+def det_greedy(fleet, prompts) -> list[list[int]]:
+    """NONE's greedy answers one at a time under deterministic inference."""
+    return outputs(ready(fleet, DETERMINISTIC[0]).complete_all(prompts, harness.greedy(), 1))
+
+
+def test_deterministic_inference_takes_the_bf16_drift_out(fleet, prompts, det_greedy, record_property):
     """With --enable-deterministic-inference SGLang fixes its MoE tile configuration and attention split size
     whatever the batch. If that makes its own DFLASH give NONE's tokens on this MoE target, DDTREE is held to
     the strict rule there: identical, or a near tie of at most two bf16 steps (no float32 referee)."""
     plain, dflash, tree = (ready(fleet, n) for n in DETERMINISTIC)
-    want = outputs(plain.complete_all(prompts, harness.greedy(), 1))
+    want = det_greedy
     results = {}
     for label, server, concurrency in (("DFLASH", dflash, 1), ("DDTREE one by one", tree, 1),
                                        ("DDTREE 8 at once", tree, 8)):
@@ -292,11 +292,10 @@ PENALTIES = {"frequency": {"frequency_penalty": 0.6}, "presence": {"presence_pen
 
 
 @pytest.fixture(scope="session")
-def dflash_is_exact(fleet, prompts) -> bool:
+def dflash_is_exact(fleet, prompts, det_greedy) -> bool:
     """Whether SGLang's own DFLASH under deterministic inference gives NONE's greedy tokens on every prompt:
     the condition for holding DDTREE to exact identity there."""
-    want = outputs(ready(fleet, DETERMINISTIC[0]).complete_all(prompts, harness.greedy(), 1))
-    return want == outputs(ready(fleet, DETERMINISTIC[1]).complete_all(prompts, harness.greedy(), 1))
+    return det_greedy == outputs(ready(fleet, DETERMINISTIC[1]).complete_all(prompts, harness.greedy(), 1))
 
 
 @pytest.mark.parametrize("penalty", list(PENALTIES))

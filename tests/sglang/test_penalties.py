@@ -26,6 +26,7 @@ from ddtree import build_tree  # noqa: E402
 from ddtree.penalties import apply_node_penalties  # noqa: E402
 from ddtree.sglang.penalty_state import feed_committed, penalty_state  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
+from tests.helpers import informed_draft, tree_node_path  # noqa: E402
 
 VOCAB, EOS = 20, 19
 # ORDER: SGLang applies the additive penalties (frequency, presence, min_new_tokens) before the scaling one
@@ -78,23 +79,6 @@ def none_decode(prompts, settings, length):
     return [s[len(p):] for s, p in zip(seqs, prompts)]
 
 
-def informed_draft(seq: list[int], depth: int, gen) -> torch.Tensor:
-    rows = []
-    for _ in range(depth):
-        row = target_logits(seq) + 1.5 * torch.randn(VOCAB, generator=gen)
-        rows.append(row)
-        seq = seq + [int(row.argmax())]
-    return torch.stack(rows)
-
-
-def node_path(tree, b: int, j: int) -> list[int]:
-    out = []
-    while j >= 0:
-        out.append(int(tree.tokens[b, j]))
-        j = int(tree.parents[b, j])
-    return out[::-1]
-
-
 def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0):
     """The worker's flow with one orchestrator for the batch (SGLang 0.5.23's DFLASH-family decode preparation
     feeds the penalizers nothing): the prefill's token; each DDTREE step feeds its roots (the prefill's token,
@@ -109,9 +93,9 @@ def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0):
     while min(len(sq) - len(p) for sq, p in zip(seqs, prompts)) < length:
         bs = len(seqs)
         orch.cumulate_output_tokens(torch.tensor([sq[-1] for sq in seqs]))     # the roots (_ddtree_penalties)
-        draft = torch.stack([informed_draft(sq, depth, gen) for sq in seqs])
+        draft = torch.stack([informed_draft(target_logits, sq, depth, gen, noise=1.5) for sq in seqs])
         tree = build_tree(draft, torch.tensor([sq[-1] for sq in seqs]), budget=budget, topk_cap=cap, backend="torch")
-        rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + node_path(tree, b, j))
+        rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + tree_node_path(tree, b, j))
                                          for j in range(tree.tokens.shape[1])]) for b in range(bs)])
         state = penalty_state(orch, bs, VOCAB, "cpu")
         if state is not None:

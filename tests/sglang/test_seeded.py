@@ -30,6 +30,7 @@ from sglang.srt.layers.sampler import (  # noqa: E402
 from ddtree import build_tree  # noqa: E402
 from ddtree.sglang.seeded import seeded_node_targets  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
+from tests.helpers import informed_draft, tree_node_path  # noqa: E402
 
 VOCAB = 24
 
@@ -84,9 +85,9 @@ def ddtree_steps(prompts: list[list[int]], info, steps: int, budget: int, cap: i
         bs = len(seqs)
         roots = torch.tensor([s[-1] for s in seqs])
         prefix_lens = torch.tensor([len(s) - 1 for s in seqs])                 # the root's position
-        draft = torch.stack([informed_draft(s[:-1], s[-1], depth, gen) for s in seqs])  # [bs, L, V]
+        draft = torch.stack([informed_draft(target_logits, s, depth, gen, noise=1.0) for s in seqs])  # [bs, L, V]
         tree = build_tree(draft, roots, budget=budget, topk_cap=cap, backend="torch")
-        rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + path(tree, b, j)) for j in range(tree.tokens.shape[1])])
+        rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + tree_node_path(tree, b, j)) for j in range(tree.tokens.shape[1])])
                             for b in range(bs)])                               # [bs, N, V]
         targets = seeded_node_targets(rows, info, tree.positions(prefix_lens))
         verdict = accept_path(tree, targets)
@@ -94,26 +95,6 @@ def ddtree_steps(prompts: list[list[int]], info, steps: int, budget: int, cap: i
             n = int(verdict.accept_len[b]) + 1
             seqs[b] += [int(t) for t in verdict.tokens[b, :n]]
     return [s[len(p):] for s, p in zip(seqs, prompts)]
-
-
-def informed_draft(prefix: list[int], root: int, depth: int, gen: torch.Generator) -> torch.Tensor:
-    """A draft that knows the target a little: depth d's logits are the target's after the draft's own greedy
-    path so far, plus noise - so trees are accepted past the root and deep nodes' draws matter. [L, V]"""
-    rows, seq = [], prefix + [root]
-    for _ in range(depth):
-        row = target_logits(seq) + torch.randn(VOCAB, generator=gen)
-        rows.append(row)
-        seq = seq + [int(row.argmax())]
-    return torch.stack(rows)
-
-
-def path(tree, b: int, j: int) -> list[int]:
-    """The tokens from the root to node j (root included)."""
-    out = []
-    while j >= 0:
-        out.append(int(tree.tokens[b, j]))
-        j = int(tree.parents[b, j])
-    return out[::-1]
 
 
 def none_decode(prompts: list[list[int]], info, length: int) -> list[list[int]]:

@@ -61,3 +61,10 @@ def test_a_ddtree_service_on_an_mla_target_takes_triton_only():
     assert len(found) == 1 and "k26_attention_backend=flashinfer is not proven for DDTREE" in found[0] \
         and "set k26_attention_backend=triton" in found[0]
     assert check.problems(target, kimi_probe.DRAFT, 8, "T", "D", ddtree_backend="") == []   # DFLASH: not checked
+
+
+def test_the_host_side_list_of_mla_backends_is_the_plugins():
+    """The pair check runs on the host without this package, so it keeps its own copy: the same one."""
+    from ddtree.sglang.settings import MLA_MASK_BACKENDS
+
+    assert check.MLA_BACKENDS == MLA_MASK_BACKENDS
