@@ -47,11 +47,13 @@ class ServerConfig:
     target: str = "target"                   # the target's folder (target-wrapper: the Kimi wrapper; target-int4)
     radix: bool = False                      # the radix cache on (SGLang's default; the matrix runs without it)
     attention: str = "triton"                # --attention-backend
+    tokenizer: bool = False                  # the server tokenizes (its grammar backend needs the tokenizer)
 
     def args(self, pair: Path, port: int) -> list[str]:
         # --sleep-on-idle: an idle scheduler otherwise spins a core, and servers started together
         # would take CPU from the one being measured (seen on the H200 machine's 16 cores)
-        a = ["--model-path", str(pair / self.target), "--skip-tokenizer-init", "--attention-backend", self.attention,
+        a = ["--model-path", str(pair / self.target), *([] if self.tokenizer else ["--skip-tokenizer-init"]),
+             "--attention-backend", self.attention,
              "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", "0.88",
              "--max-total-tokens", "16384", "--context-length", "1024",
              "--max-running-requests", str(GRAPH_MAX_BS), *([] if self.radix else ["--disable-radix-cache"]),
@@ -75,10 +77,13 @@ def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
 
 PROFILE_SUFFIX = "-profile"
 PROFILE_STEPS = 40      # decode steps per logged line of a profiled server (ddtree.sglang.profile)
+# constrained decoding servers: at most 2 white-space characters in a row in JSON output, so that a greedy
+# answer ends inside max_new_tokens (xgrammar's default lets JSON white space run on)
+GRAMMAR_ARGS = ("--constrained-json-max-whitespace-cnt", "2")
 # name suffixes, in this order after the base name: the block-16 draft, the Kimi wrapper's target (its
 # text-only processor stand-in is remote code), the INT4-expert target, SGLang's Triton MoE runner instead
 # of its default (Marlin for INT4 on Hopper and sm_120), FlashInfer attention, the radix cache, SGLang's
-# deterministic (batch-invariant) kernels, TP 2, the step profiler
+# deterministic (batch-invariant) kernels, penalties, logprobs, constrained decoding, TP 2, the step profiler
 SUFFIXES = {
     "-k16": lambda c: replace(c, draft="draft16"),
     "-wrapper": lambda c: replace(c, target="target-wrapper", extra=c.extra + ("--trust-remote-code",)),
@@ -89,6 +94,8 @@ SUFFIXES = {
     "-det": lambda c: replace(c, extra=c.extra + ("--enable-deterministic-inference",)),
     "-pen": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PENALTIES", "1"),)),
     "-lp": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_LOGPROBS", "1"),)),
+    "-grammar": lambda c: replace(c, tokenizer=True, extra=c.extra + GRAMMAR_ARGS,
+                                  env=c.env + (("SGLANG_DDTREE_GRAMMARS", "1"),)),
     "-tp2": lambda c: replace(c, tp=2),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
@@ -99,6 +106,7 @@ def config(name: str) -> ServerConfig:
     -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
     -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache), -det
     (--enable-deterministic-inference), -pen (DDTREE's per-node penalties served: SGLANG_DDTREE_PENALTIES=1), -lp (its output logprobs served),
+    -grammar (the server tokenizes, JSON white space bounded, DDTREE's constrained decoding served),
     -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):

@@ -6,6 +6,7 @@
 #      on the shared 16-core machine on 2026-12-02) while the pair trains and part 1 runs;
 #   1. trains the pair (run.sh SIZE=kimi) and runs part 1: the export checks, DFLASH, the chain, temperature 0.7,
 #      operations, budget 32 cap 8 at temperature 0, and test_kimi_path but the Marlin INT4 servers;
+#   1b. constrained decoding (test_grammars: NONE, DFLASH and DDTREE servers that tokenize), results grammar-*;
 #   2. part 2: the rest of the budget x cap x graphs matrix at temperature 0 and the graph-log check;
 #   3. part 3, once the Marlin build is done (or MARLIN_WAIT seconds from the start have passed): the INT4 test
 #      under SGLang's Marlin runner.
@@ -30,8 +31,12 @@ rc=0
 move() { for f in results.md results.json logs.tgz; do [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/$1-$f"; done; }
 SGLANG_DDTREE_START="none,dflash,ddtree-b32-c8-graphs,ddtree-b32-c8-eager,ddtree-b7-c1-graphs,$(echo "$kimi" | tr ',' '\n' \
   | grep -vxF -f <(echo "$marlin" | tr ',' '\n') | paste -sd,)" \
-  tests/gpu_sglang/run.sh -k '(not test_ddtree_greedy or b32-c8) and not production and not tp2 and not marlin' || rc=1
+  tests/gpu_sglang/run.sh -k '(not test_ddtree_greedy or b32-c8) and not production and not tp2 and not marlin and not test_grammars' \
+  || rc=1
 move part1
+grammar=$(python3 -c "from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS; print(','.join(GRAMMAR_SERVERS))" 2>/dev/null)
+SGLANG_DDTREE_START="$grammar" OUTDIR=${OUTDIRG:-/tmp/ddtree-kimi-grammar} tests/gpu_sglang/run.sh -k 'test_grammars' || rc=1
+move grammar
 SGLANG_DDTREE_START="none,$matrix" OUTDIR=${OUTDIR2:-/tmp/ddtree-kimi-part2} \
   tests/gpu_sglang/run.sh -k '(test_ddtree_greedy and not b32-c8) or test_graph_runs' || rc=1
 move part2

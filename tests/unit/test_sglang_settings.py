@@ -162,6 +162,13 @@ def test_logprobs_are_served_only_when_the_server_says_so():
     assert request_refusal({"frequency_penalty": 0.5}, asks, logprobs=True) is not None
 
 
+def test_grammars_are_served_only_when_the_server_says_so():
+    for field, value in (("json_schema", "{}"), ("regex", "a+"), ("ebnf", 'root ::= "a"'), ("structural_tag", "{}")):
+        assert request_refusal({field: value}, NS()).startswith(f"sampling_params.{field}")
+        assert request_refusal({field: value}, NS(), grammars=True) is None
+    assert request_refusal({"json_schema": "{}", "frequency_penalty": 0.5}, NS(), grammars=True) is not None
+
+
 # --- the export ----------------------------------------------------------------------------
 
 def tiny_pair(target_layer_ids=(0, 1)):

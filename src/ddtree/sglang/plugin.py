@@ -28,6 +28,8 @@ DEFAULT_MAX_RUNNING_REQUESTS = 48   # what SGLang 0.5.23 sets for DFLASH when un
 ENV_PENALTIES = "SGLANG_DDTREE_PENALTIES"
 # output logprobs of the committed tokens (tree_worker._ddtree_logprobs), likewise until the GPU test bed shows them
 ENV_LOGPROBS = "SGLANG_DDTREE_LOGPROBS"
+# constrained decoding (grammar.py: trees of legal paths, per-node bitmasks), likewise
+ENV_GRAMMARS = "SGLANG_DDTREE_GRAMMARS"
 _registered = False
 
 
@@ -110,7 +112,8 @@ def refuse_unsupported_requests(*args, **kwargs):
     deterministic = bool(getattr(manager.server_args, "enable_deterministic_inference", False))
     message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic,
                               penalties=os.environ.get(ENV_PENALTIES) == "1",
-                              logprobs=os.environ.get(ENV_LOGPROBS) == "1")
+                              logprobs=os.environ.get(ENV_LOGPROBS) == "1",
+                              grammars=os.environ.get(ENV_GRAMMARS) == "1")
     if message:
         raise ValueError(message)
     return None

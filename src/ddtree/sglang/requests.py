@@ -29,14 +29,15 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 def request_refusal(sampling_params: Mapping | None, request: object, deterministic: bool = False,
-                    penalties: bool = False, logprobs: bool = False) -> str | None:
+                    penalties: bool = False, logprobs: bool = False, grammars: bool = False) -> str | None:
     """The first unsupported feature of one generate request, as an error message, or None.
 
     sampling_params: the request's sampling parameters as sent (a dict or None); request: an
     object with the request-level fields of SGLang's GenerateReqInput (read with getattr);
     deterministic: the server runs --enable-deterministic-inference (seeds are honoured);
     penalties: the server was started with SGLANG_DDTREE_PENALTIES=1 (per-node penalties, under test);
-    logprobs: the server was started with SGLANG_DDTREE_LOGPROBS=1 (output logprobs, under test).
+    logprobs: the server was started with SGLANG_DDTREE_LOGPROBS=1 (output logprobs, under test);
+    grammars: the server was started with SGLANG_DDTREE_GRAMMARS=1 (constrained trees, under test).
     """
     if getattr(request, "return_logprob", False) and not logprobs:
         return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
@@ -55,7 +56,7 @@ def request_refusal(sampling_params: Mapping | None, request: object, determinis
                 "temperature > 0: it runs without --enable-deterministic-inference, the only mode in which SGLang "
                 "uses a seed (start the server with that flag to have seeded answers reproduced), or "
                 f"{FIX}")
-    for field in GRAMMAR_FIELDS:
+    for field in () if grammars else GRAMMAR_FIELDS:
         if params.get(field) is not None:
             return f"sampling_params.{field} (constrained decoding) is not supported by this DDTREE server; {FIX}"
     for field, neutral in ({} if penalties else NEUTRAL_SAMPLING).items():

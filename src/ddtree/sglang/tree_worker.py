@@ -12,6 +12,8 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
                       depths 1..L into the top-K candidates per depth (TP: per-shard top-K and
                       log-normaliser, one all-gather)
   _ddtree_tree        build_tree_from_candidates -> DraftTree of width N = budget + 1
+  _ddtree_grammar     (a batch with grammars only) each constrained request's row rebuilt on the host: the
+                      budget best paths its grammar allows, and the bitmask of every node (grammar.py)
   _ddtree_verify_batch  the target's TARGET_VERIFY batch of N tokens per request: the tree's
                       tokens at positions prefix + depth, the FULL_MASK custom mask (each node sees
                       the prefix, its ancestors and itself), K/V written to the request's reserved
@@ -20,7 +22,8 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
   _ddtree_verdict     the target's token at every node (argmax, or one sample of the processed
                       distribution: temperature, top-k, top-p, min-p, logit bias; with a seed under
                       deterministic inference, SGLang's seeded draw at the node's position; with
-                      penalties, each node's own path counted), rank 0's for every rank, then the
+                      penalties, each node's own path counted; under a grammar, masked by the node's
+                      own grammar state), rank 0's for every rank, then the
                       walk from the root -> Verdict; the root and the accepted draft tokens fed to
                       SGLang's penalizers (its DFLASH-family decode preparation feeds none)
   _ddtree_commit      the window permuted so the accepted path's slots come first (page size 1:
@@ -38,9 +41,9 @@ the block for the draft runner's graphs and N for the target's.
 
 Refused at start-up (settings.refusals), and again here where only the loaded models tell:
 DFlash2 selector, LiLiCorr and Domino drafts, hybrid (mamba) and sliding-window targets,
-quantized or added-vocabulary LM heads. Per request (requests.py): logprobs, grammars,
-penalties and min_new_tokens (applied per node here, ddtree.penalties, but refused until the GPU test
-bed has shown them equal to NONE), custom logit processors.
+quantized or added-vocabulary LM heads. Per request (requests.py): custom logit processors; logprobs,
+grammars, penalties and min_new_tokens are served here but refused unless their switch is set
+(plugin.ENV_LOGPROBS, ENV_GRAMMARS, ENV_PENALTIES) until the GPU test bed has shown them equal to NONE.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
+from ddtree.sglang.grammar import GrammarStep, constrain_step
 from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_mask, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
 from ddtree.penalties import apply_node_penalties
@@ -201,12 +205,18 @@ class DDTreeWorker(DFlashWorkerV2):
             cand = self._ddtree_draft(batch, draft_input, prefix_lens, window)
         with prof.stage("tree"):
             tree = self._ddtree_tree(cand, draft_input.bonus_tokens.view(-1))
+        grammar = None
+        if batch.has_grammar:
+            with prof.stage("grammar"):
+                grammar = self._ddtree_grammar(batch, cand, tree, grammar_barrier)
+                tree = grammar.tree if grammar is not None else tree
         with prof.stage("verify_inputs"):
             verify_batch = self._ddtree_verify_batch(batch, draft_input, tree, prefix_lens, window)
         with prof.stage("verify"):
             target_out = self._ddtree_verify(verify_batch)
         with prof.stage("verdict"):
-            verdict = self._ddtree_verdict(batch, tree, target_out.logits_output, prefix_lens)
+            verdict = self._ddtree_verdict(batch, tree, target_out.logits_output, prefix_lens,
+                                           grammar.mask if grammar is not None else None)
         with prof.stage("commit"):
             result = self._ddtree_commit(batch, verdict, prefix_lens, window, target_out, on_publish)
         prof.end()
@@ -276,6 +286,15 @@ class DDTreeWorker(DFlashWorkerV2):
     def _ddtree_tree(self, cand, roots: torch.Tensor) -> DraftTree:
         return build_tree_from_candidates(cand, roots, self._ddtree.budget)
 
+    def _ddtree_grammar(self, batch, cand, tree: DraftTree, barrier) -> GrammarStep | None:
+        """The rows of requests with a grammar rebuilt on the host under it (grammar.py), and the step's
+        bitmask; the prefill's leftover mask on the batch's sampling info is dropped (it is per request,
+        not per node), as SGLang's DFLASH verify drops it."""
+        step = constrain_step(batch.reqs, cand, tree, self._ddtree.budget,
+                              int(batch.sampling_info.vocab_size), barrier)
+        batch.sampling_info.grammar_mask = None
+        return step
+
     def _ddtree_verify_batch(self, batch, draft_input, tree: DraftTree, prefix_lens: torch.Tensor,
                              window: StepWindow):
         """The target's TARGET_VERIFY ForwardBatch over the N tree nodes of every request (custom mask)."""
@@ -311,10 +330,12 @@ class DDTreeWorker(DFlashWorkerV2):
             seen.add((stage, bs))
             logger.warning("DDTREE %s ran eagerly for batch size %d (no captured CUDA graph fits it)", stage, bs)
 
-    def _ddtree_verdict(self, batch, tree: DraftTree, logits_output, prefix_lens: torch.Tensor):
+    def _ddtree_verdict(self, batch, tree: DraftTree, logits_output, prefix_lens: torch.Tensor,
+                        grammar_mask=None):
         """Target tokens at every node (rank 0's on every rank), then the accepted path. Under deterministic
         inference (SGLang's seeds set) each node draws as SGLang's seeded sampler draws NONE's token at the
-        node's position (seeded.py); otherwise from the node's processed distribution."""
+        node's position (seeded.py); otherwise from the node's processed distribution. grammar_mask: the
+        step's per-node bitmask (grammar.py), applied after penalties and logit bias."""
         bs, n = tree.tokens.shape
         info = batch.sampling_info
         greedy = info is None or bool(info.is_all_greedy)
@@ -339,6 +360,8 @@ class DDTreeWorker(DFlashWorkerV2):
             elif info is not None:                                               # logit bias, per node
                 apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
                                                        draft_token_num=n)
+            if grammar_mask is not None:                                         # each node's own grammar state
+                grammar_mask.apply(logits)
             if greedy:
                 targets = rows.argmax(dim=-1)
             elif info.sampling_seed is not None:

@@ -1,0 +1,204 @@
+"""Constrained decoding on DDTREE inside the real SGLang 0.5.23 server (issue 33, item 4; marker sglang_gpu).
+
+Servers (bench/sglang_servers.py, suffix -grammar: the server tokenizes, so SGLang builds its xgrammar backend;
+JSON white space at most 2 in a row; DDTREE's constrained trees served): NONE, DFLASH and DDTREE b32 c8 with
+CUDA graphs. What is checked, each able to fail:
+- 60 requests (20 JSON schema, 20 regex, 20 EBNF) at temperature 0, one at a time and 8 at once: every DDTREE
+  answer is a complete sentence of its grammar (replayed through SGLang's own xgrammar matcher with the pair's
+  tokenizer: every token accepted, the matcher terminated), and equal to NONE's constrained answer or parted
+  from it only at a near tie of NONE's own constrained top-2 (its logprobs come after the grammar's mask);
+- the accept length under each grammar beside the unconstrained one on the same prompts, and DFLASH's under
+  the same grammars (issue 33, item 7);
+- through the official openai client: response_format with a JSON schema (the content parses and validates),
+  and a forced tool call (tool_choice naming the function: the call is that function with valid arguments),
+  each equal to NONE's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from tests.gpu_sglang.test_ddtree_server import NEAR_TIE, first_divergence, mean_accept, outputs, ready
+from tests.helpers import import_bench
+
+harness = import_bench("sglang_servers")
+pytestmark = pytest.mark.sglang_gpu
+
+NONE, DFLASH, DDTREE = "none-grammar", "dflash-grammar", "ddtree-b32-c8-graphs-grammar"
+GRAMMAR_SERVERS = (NONE, DFLASH, DDTREE)
+MAX_NEW = 160
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                                           "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                                    "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+GRAMMARS = {
+    "json_schema": json.dumps(PERSON),
+    "regex": r"(yes|no|maybe), [0-9]{1,3}( [a-z]{2,8}){2,5}\.",
+    "ebnf": ('root ::= "(" term (op term)? (op term)? (op term)? ")"\nop ::= " + " | " * "\n'
+             'term ::= [1-9] [0-9]? [0-9]?'),
+}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+def constrained(kind: str) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": MAX_NEW, kind: GRAMMARS[kind]}
+
+
+@pytest.fixture(scope="module")
+def matcher_backend(pair):
+    """SGLang's own xgrammar backend over the pair's tokenizer, to replay answers through a fresh matcher."""
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+    from transformers import AutoTokenizer
+
+    config = json.loads((pair / "target" / "config.json").read_text())
+    text = config.get("text_config", config)
+    eos = text.get("eos_token_id")
+    return XGrammarGrammarBackend(AutoTokenizer.from_pretrained(pair / "target"), vocab_size=int(text["vocab_size"]),
+                                  model_eos_token_ids=eos if isinstance(eos, list) else [eos])
+
+
+def in_language(backend, kind: str, tokens: list[int]) -> bool:
+    """Every token accepted by a fresh matcher of the grammar, which ends terminated."""
+    method = {"json_schema": "dispatch_json", "regex": "dispatch_regex", "ebnf": "dispatch_ebnf"}[kind]
+    g = getattr(backend, method)(GRAMMARS[kind])
+    try:
+        for t in tokens:
+            g.accept_token(int(t))
+    except ValueError:
+        return False
+    return g.is_terminated()
+
+
+def top2_gap(plain: harness.Server, prompt: list[int], kind: str | None, at: int) -> tuple[float, set[int]]:
+    """NONE's top-2 log-prob gap at output position `at`, under the grammar when there is one (SGLang's logprobs
+    come after the grammar's mask)."""
+    r = plain.generate(prompt, {**params(kind), "max_new_tokens": at + 1}, return_logprob=True, top_logprobs_num=2)
+    top = r["meta_info"]["output_top_logprobs"][at]
+    return float(top[0][0] - top[1][0]), {int(top[0][1]), int(top[1][1])}
+
+
+def params(kind: str | None) -> dict:
+    return constrained(kind) if kind else {"temperature": 0.0, "max_new_tokens": MAX_NEW}
+
+
+def against_none(plain: harness.Server, prompt: list[int], kind: str | None, want: list[int], got: list[int]):
+    """(the answers are identical, the near-tie gap where they part or None, the real difference or None)."""
+    if want == got:
+        return True, None, None
+    at = first_divergence(want, got)
+    gap, best = top2_gap(plain, prompt, kind, at)
+    if at < len(got) and gap <= NEAR_TIE and got[at] in best:
+        return False, round(gap, 5), None
+    return False, None, f"position {at}: NONE's top-2 gap {gap:.4f}"
+
+
+def grammar_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    """20 prompts per grammar: the 16 held-out prompts and 4 of them cut shorter."""
+    return prompts + [p[: max(2, len(p) // 3)] for p in prompts[:4]]
+
+
+@pytest.mark.parametrize("kind", sorted(GRAMMARS))
+def test_constrained_answers_are_sentences_and_nones(fleet, kind, prompts, matcher_backend, record_property):
+    plain, tree = ready(fleet, NONE), ready(fleet, DDTREE)
+    group = grammar_prompts(prompts)
+    want = outputs(plain.complete_all(group, constrained(kind), 1))
+    assert all(in_language(matcher_backend, kind, w) for w in want), "NONE's own answers are not sentences"
+    parted, wrong, same = [], [], 0
+    for mode, concurrency in (("one by one", 1), ("8 at once", 8)):
+        got = outputs(tree.complete_all(group, constrained(kind), concurrency))
+        wrong += [(mode, i, "not a sentence of the grammar") for i, g in enumerate(got)
+                  if not in_language(matcher_backend, kind, g)]
+        for i, (w, g) in enumerate(zip(want, got)):
+            identical, gap, difference = against_none(plain, group[i], kind, w, g)
+            same += identical
+            parted += [gap] if gap is not None else []
+            wrong += [(mode, i, difference)] if difference else []
+    record_property("requests", 2 * len(group))
+    record_property("sentences of the grammar", f"{2 * len(group) - len([w for w in wrong if 'sentence' in w[2]])}"
+                                                f"/{2 * len(group)}")
+    record_property("identical to NONE", f"{same}/{2 * len(group)}")
+    record_property("parted at a near tie", parted)
+    assert not wrong, wrong[:5]
+
+
+def test_a_batch_mixing_grammars_and_free_requests(fleet, prompts, matcher_backend, record_property):
+    """16 requests 8 at a time, each grammar and none in turn: the constrained rows of a step are rebuilt on
+    the host while the free rows keep the device's tree - each answer NONE's (parted only at a near tie), the
+    constrained ones sentences of their grammars."""
+    plain, tree = ready(fleet, NONE), ready(fleet, DDTREE)
+    kinds = [*sorted(GRAMMARS), None]
+    asks = [(p, kinds[i % len(kinds)]) for i, p in enumerate(prompts)]
+
+    def run(server, concurrency):
+        with harness.ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return outputs(list(pool.map(lambda a: server.generate(a[0], params(a[1])), asks)))
+
+    want, got = run(plain, 1), run(tree, 8)
+    assert all(in_language(matcher_backend, k, out) for (_, k), out in zip(asks, got) if k)
+    checks = [against_none(plain, p, k, w, g) for (p, k), w, g in zip(asks, want, got)]
+    record_property("identical to NONE", f"{sum(c[0] for c in checks)}/{len(asks)}")
+    record_property("parted at a near tie", [c[1] for c in checks if c[1] is not None])
+    assert not [c[2] for c in checks if c[2]], [c[2] for c in checks if c[2]][:5]
+
+
+def test_accept_length_with_a_grammar_beside_without(fleet, prompts, record_property):
+    tree, chain = ready(fleet, DDTREE), ready(fleet, DFLASH)
+    group = grammar_prompts(prompts)
+    free = mean_accept(tree.complete_all(group, {"temperature": 0.0, "max_new_tokens": MAX_NEW}, 8))
+    record_property("DDTREE unconstrained accept length", round(free, 3))
+    for kind in sorted(GRAMMARS):
+        got = tree.complete_all(group, constrained(kind), 8)
+        record_property(f"DDTREE {kind} accept length", round(mean_accept(got), 3))
+        record_property(f"DFLASH {kind} accept length", round(mean_accept(chain.complete_all(group, constrained(kind), 8)),
+                                                              3))
+        record_property(f"{kind} answer length", round(statistics.fmean(len(a) for a in outputs(got)), 1))
+    assert free > 1.0
+
+
+def openai_client(server: harness.Server):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=300)
+    return client, client.models.list().data[0].id
+
+
+def test_openai_client_response_format_json_schema(fleet, record_property):
+    import jsonschema
+
+    answers = {}
+    for name in (NONE, DDTREE):
+        client, model = openai_client(ready(fleet, name))
+        reply = client.chat.completions.create(
+            model=model, temperature=0, max_tokens=MAX_NEW,
+            messages=[{"role": "user", "content": "Describe a person as JSON."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+        answers[name] = reply.choices[0].message.content
+        jsonschema.validate(json.loads(answers[name]), PERSON)
+    record_property("DDTREE content", answers[DDTREE][:200])
+    assert answers[DDTREE] == answers[NONE]
+
+
+def test_openai_client_forced_tool_call(fleet, record_property):
+    import jsonschema
+
+    calls = {}
+    for name in (NONE, DDTREE):
+        client, model = openai_client(ready(fleet, name))
+        reply = client.chat.completions.create(
+            model=model, temperature=0, max_tokens=MAX_NEW, tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            messages=[{"role": "user", "content": "What is the weather in Oslo?"}])
+        tool_calls = reply.choices[0].message.tool_calls
+        assert tool_calls and tool_calls[0].function.name == "get_weather", reply
+        calls[name] = tool_calls[0].function.arguments
+        jsonschema.validate(json.loads(calls[name]), WEATHER["function"]["parameters"])
+    record_property("DDTREE arguments", calls[DDTREE][:200])
+    assert calls[DDTREE] == calls[NONE]
