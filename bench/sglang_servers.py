@@ -83,7 +83,8 @@ GRAMMAR_ARGS = ("--constrained-json-max-whitespace-cnt", "2")
 # name suffixes, in this order after the base name: the block-16 draft, the Kimi wrapper's target (its
 # text-only processor stand-in is remote code), the INT4-expert target, SGLang's Triton MoE runner instead
 # of its default (Marlin for INT4 on Hopper and sm_120), FlashInfer attention, the radix cache, SGLang's
-# deterministic (batch-invariant) kernels, penalties, logprobs, constrained decoding, TP 2, the step profiler
+# deterministic (batch-invariant) kernels, penalties, logprobs, custom logit processors, constrained decoding,
+# TP 2, the step profiler
 SUFFIXES = {
     "-k16": lambda c: replace(c, draft="draft16"),
     "-wrapper": lambda c: replace(c, target="target-wrapper", extra=c.extra + ("--trust-remote-code",)),
@@ -94,6 +95,8 @@ SUFFIXES = {
     "-det": lambda c: replace(c, extra=c.extra + ("--enable-deterministic-inference",)),
     "-pen": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PENALTIES", "1"),)),
     "-lp": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_LOGPROBS", "1"),)),
+    "-clp": lambda c: replace(c, extra=c.extra + ("--enable-custom-logit-processor",),
+                              env=c.env + (("SGLANG_DDTREE_PROCESSORS", "1"),)),
     "-grammar": lambda c: replace(c, tokenizer=True, extra=c.extra + GRAMMAR_ARGS,
                                   env=c.env + (("SGLANG_DDTREE_GRAMMARS", "1"),)),
     "-tp2": lambda c: replace(c, tp=2),
@@ -106,7 +109,7 @@ def config(name: str) -> ServerConfig:
     -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
     -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache), -det
     (--enable-deterministic-inference), -pen (DDTREE's per-node penalties served: SGLANG_DDTREE_PENALTIES=1), -lp (its output logprobs served),
-    -grammar (the server tokenizes, JSON white space bounded, DDTREE's constrained decoding served),
+    -clp (custom logit processors enabled, and served per node by DDTREE), -grammar (the server tokenizes, JSON white space bounded, DDTREE's constrained decoding served),
     -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):

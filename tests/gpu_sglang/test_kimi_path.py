@@ -52,8 +52,10 @@ RADIX = ("none-radix", "ddtree-b32-c8-graphs-radix")
 WRAPPER = ("none-wrapper", "ddtree-b32-c8-graphs-wrapper")
 INT4_RUNNERS = {"marlin": "", "triton": "-moetriton"}
 # SGLang's deterministic inference: fixed MoE tile configs and attention split sizes whatever the batch
-DETERMINISTIC = ("none-det", "dflash-det", "ddtree-b32-c8-graphs-det")
-PENALISED = "ddtree-b32-c8-graphs-det-pen"          # per-node penalties served (SGLANG_DDTREE_PENALTIES=1)
+# (NONE's takes custom logit processors too: the reference of the per-node processor test)
+DETERMINISTIC = ("none-det-clp", "dflash-det", "ddtree-b32-c8-graphs-det")
+# per-node penalties and custom logit processors served (SGLANG_DDTREE_PENALTIES=1, SGLANG_DDTREE_PROCESSORS=1)
+PENALISED = "ddtree-b32-c8-graphs-det-pen-clp"
 LOGPROBS = "ddtree-b32-c8-graphs-det-lp"            # output logprobs served (SGLANG_DDTREE_LOGPROBS=1)
 KIMI_SERVERS = (*RADIX, *WRAPPER, *(f"{a}-int4{r}" for r in INT4_RUNNERS.values()
                                    for a in ("none", "ddtree-b32-c8-graphs")), *DETERMINISTIC, PENALISED, LOGPROBS)
@@ -321,6 +323,40 @@ def test_penalties_per_node_give_nones_tokens(fleet, prompts, penalty, dflash_is
                     f"identity is not the bar (identical {same})")
     assert same == {"one by one": len(prompts), "8 at once": len(prompts)}
 
+
+
+# --- custom logit processors (issue 33, item 5) -----------------------------------------------------------
+
+def ngram_blocker() -> str:
+    from sglang.srt.sampling.custom_logit_processor import DeepseekOCRNoRepeatNGramLogitProcessor
+
+    return DeepseekOCRNoRepeatNGramLogitProcessor.to_str()
+
+
+def test_custom_logit_processor_per_node_gives_nones_tokens(fleet, prompts, dflash_is_exact, record_property):
+    """SGLang's own DeepSeek-OCR n-gram blocker (it reads the answer so far through the request) under
+    deterministic inference: DDTREE's greedy answers equal NONE's exactly, one at a time and 8 at once, and the
+    processor changed NONE's answer."""
+    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, PENALISED)
+    sampling = {**harness.greedy(), "custom_params": {"ngram_size": 3, "window_size": 96}}
+
+    def run(server, concurrency):
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return outputs(list(pool.map(lambda p: server.generate(p, sampling, custom_logit_processor=ngram_blocker()),
+                                         prompts)))
+
+    want = run(plain, 1)
+    changed = sum(a != b for a, b in zip(want, outputs(plain.complete_all(prompts, harness.greedy(), 1))))
+    record_property("prompts whose NONE answer the processor changed", f"{changed}/{len(prompts)}")
+    same = {}
+    for mode, concurrency in (("one by one", 1), ("8 at once", 8)):
+        got = run(tree, concurrency)
+        same[mode] = sum(a == b for a, b in zip(want, got))
+        record_property(f"{mode}: identical", f"{same[mode]}/{len(prompts)}")
+    assert changed > 0
+    if not dflash_is_exact:
+        pytest.skip(f"SGLang's own DFLASH is not exact against NONE under deterministic inference here (identical {same})")
+    assert same == {"one by one": len(prompts), "8 at once": len(prompts)}
 
 
 # --- output logprobs (issue 33, item 1) --------------------------------------------------------------------

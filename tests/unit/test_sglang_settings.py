@@ -162,6 +162,12 @@ def test_logprobs_are_served_only_when_the_server_says_so():
     assert request_refusal({"frequency_penalty": 0.5}, asks, logprobs=True) is not None
 
 
+def test_custom_logit_processors_are_served_only_when_the_server_says_so():
+    asks = NS(custom_logit_processor='{"callable": "x"}')
+    assert request_refusal(None, asks).startswith("custom_logit_processor")
+    assert request_refusal(None, asks, processors=True) is None
+
+
 def test_grammars_are_served_only_when_the_server_says_so():
     for field, value in (("json_schema", "{}"), ("regex", "a+"), ("ebnf", 'root ::= "a"'), ("structural_tag", "{}")):
         assert request_refusal({field: value}, NS()).startswith(f"sampling_params.{field}")

@@ -30,6 +30,8 @@ ENV_PENALTIES = "SGLANG_DDTREE_PENALTIES"
 ENV_LOGPROBS = "SGLANG_DDTREE_LOGPROBS"
 # constrained decoding (grammar.py: trees of legal paths, per-node bitmasks), likewise
 ENV_GRAMMARS = "SGLANG_DDTREE_GRAMMARS"
+# custom logit processors at every node with the node's own path (logit_processors.py), likewise
+ENV_PROCESSORS = "SGLANG_DDTREE_PROCESSORS"
 _registered = False
 
 
@@ -113,7 +115,8 @@ def refuse_unsupported_requests(*args, **kwargs):
     message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic,
                               penalties=os.environ.get(ENV_PENALTIES) == "1",
                               logprobs=os.environ.get(ENV_LOGPROBS) == "1",
-                              grammars=os.environ.get(ENV_GRAMMARS) == "1")
+                              grammars=os.environ.get(ENV_GRAMMARS) == "1",
+                              processors=os.environ.get(ENV_PROCESSORS) == "1")
     if message:
         raise ValueError(message)
     return None

@@ -29,7 +29,8 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 def request_refusal(sampling_params: Mapping | None, request: object, deterministic: bool = False,
-                    penalties: bool = False, logprobs: bool = False, grammars: bool = False) -> str | None:
+                    penalties: bool = False, logprobs: bool = False, grammars: bool = False,
+                    processors: bool = False) -> str | None:
     """The first unsupported feature of one generate request, as an error message, or None.
 
     sampling_params: the request's sampling parameters as sent (a dict or None); request: an
@@ -37,7 +38,8 @@ def request_refusal(sampling_params: Mapping | None, request: object, determinis
     deterministic: the server runs --enable-deterministic-inference (seeds are honoured);
     penalties: the server was started with SGLANG_DDTREE_PENALTIES=1 (per-node penalties, under test);
     logprobs: the server was started with SGLANG_DDTREE_LOGPROBS=1 (output logprobs, under test);
-    grammars: the server was started with SGLANG_DDTREE_GRAMMARS=1 (constrained trees, under test).
+    grammars: the server was started with SGLANG_DDTREE_GRAMMARS=1 (constrained trees, under test);
+    processors: the server was started with SGLANG_DDTREE_PROCESSORS=1 (custom logit processors per node).
     """
     if getattr(request, "return_logprob", False) and not logprobs:
         return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
@@ -48,7 +50,7 @@ def request_refusal(sampling_params: Mapping | None, request: object, determinis
         return f"return_hidden_states=True is not supported by this DDTREE server; {FIX}"
     if getattr(request, "return_sampling_mask", False):
         return f"return_sampling_mask=True is not supported by this DDTREE server; {FIX}"
-    if getattr(request, "custom_logit_processor", None):
+    if getattr(request, "custom_logit_processor", None) and not processors:
         return f"custom_logit_processor is not supported by this DDTREE server; {FIX}"
     params = sampling_params or {}
     if params.get("sampling_seed") is not None and float(params.get("temperature", 1.0)) > 0 and not deterministic:

@@ -23,7 +23,8 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
                       distribution: temperature, top-k, top-p, min-p, logit bias; with a seed under
                       deterministic inference, SGLang's seeded draw at the node's position; with
                       penalties, each node's own path counted; under a grammar, masked by the node's
-                      own grammar state), rank 0's for every rank, then the
+                      own grammar state; custom logit processors seeing the node's own path), rank 0's
+                      for every rank, then the
                       walk from the root -> Verdict; the root and the accepted draft tokens fed to
                       SGLang's penalizers (its DFLASH-family decode preparation feeds none)
   _ddtree_commit      the window permuted so the accepted path's slots come first (page size 1:
@@ -41,9 +42,10 @@ the block for the draft runner's graphs and N for the target's.
 
 Refused at start-up (settings.refusals), and again here where only the loaded models tell:
 DFlash2 selector, LiLiCorr and Domino drafts, hybrid (mamba) and sliding-window targets,
-quantized or added-vocabulary LM heads. Per request (requests.py): custom logit processors; logprobs,
-grammars, penalties and min_new_tokens are served here but refused unless their switch is set
-(plugin.ENV_LOGPROBS, ENV_GRAMMARS, ENV_PENALTIES) until the GPU test bed has shown them equal to NONE.
+quantized or added-vocabulary LM heads. Per request (requests.py): logprobs, grammars, penalties and
+min_new_tokens, custom logit processors are served here but refused unless their switch is set
+(plugin.ENV_LOGPROBS, ENV_GRAMMARS, ENV_PENALTIES, ENV_PROCESSORS) until the GPU test bed has shown them
+equal to NONE.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from sglang.srt.model_executor.forward_batch_info import (CaptureHiddenMode, For
 from sglang.srt.runtime_context import get_exec, get_parallel
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments, is_dense_head_weight
+from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
 from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -69,6 +71,7 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from ddtree.sglang.grammar import GrammarStep, constrain_step
+from ddtree.sglang.logit_processors import apply_node_processors
 from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_mask, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
 from ddtree.penalties import apply_node_penalties
@@ -352,16 +355,7 @@ class DDTreeWorker(DFlashWorkerV2):
         penalties = None
         if targets is None:
             rows = logits.view(bs, n, -1)                                        # [bs, N, V]
-            penalties = self._ddtree_penalties(info, rows, tree.tokens[:, 0])
-            if penalties is not None:                # each node with its own path's counts (not a step-start broadcast)
-                apply_node_penalties(rows, tree, penalties)
-                if info.logit_bias is not None:
-                    rows.add_(info.logit_bias[:, None, :].to(rows.dtype))
-            elif info is not None:                                               # logit bias, per node
-                apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
-                                                       draft_token_num=n)
-            if grammar_mask is not None:                                         # each node's own grammar state
-                grammar_mask.apply(logits)
+            penalties = self._ddtree_process(info, rows, tree, grammar_mask)
             if greedy:
                 targets = rows.argmax(dim=-1)
             elif info.sampling_seed is not None:
@@ -376,6 +370,26 @@ class DDTreeWorker(DFlashWorkerV2):
         if penalties is not None:                    # the accepted draft tokens; the bonus is the next root
             feed_committed(info.penalizer_orchestrator, verdict.tokens, verdict.accept_len)
         return verdict
+
+    def _ddtree_process(self, info, rows: torch.Tensor, tree: DraftTree, grammar_mask):
+        """NONE's logit processing at every node, in its sampler's order, rows [bs, N, V] in place: penalties
+        with each node's own path's counts, logit bias, the grammar's mask at the node's own state, custom logit
+        processors seeing the node's own path (logit_processors.py). Returns the penalty state (fed the accepted
+        tokens after the walk) or None. (SGLang's DFLASH verify adjustments are not used: they broadcast one
+        step-start state over the block.)"""
+        if info is None:
+            return None
+        penalties = self._ddtree_penalties(info, rows, tree.tokens[:, 0])
+        if penalties is not None:
+            apply_node_penalties(rows, tree, penalties)
+        if info.logit_bias is not None:
+            rows.add_(info.logit_bias[:, None, :].to(rows.dtype))
+        flat = rows.view(-1, rows.shape[-1])                                     # [bs * N, V]
+        if grammar_mask is not None:
+            grammar_mask.apply(flat)
+        if info.has_custom_logit_processor:
+            apply_node_processors(flat, info, tree)
+        return penalties
 
     @staticmethod
     def _ddtree_logprobs(batch, logits_output, done) -> None:
