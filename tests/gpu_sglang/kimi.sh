@@ -6,8 +6,9 @@
 #      on the shared 16-core machine on 2026-12-02) while the pair trains and part 1 runs;
 #   1. trains the pair (run.sh SIZE=kimi) and runs part 1: the export checks, DFLASH, the chain, temperature 0.7,
 #      operations, budget 32 cap 8 at temperature 0, and test_kimi_path but the Marlin INT4 servers;
-#   1b. constrained decoding (test_grammars: NONE, DFLASH and DDTREE servers that tokenize), results grammar-*;
 #   2. part 2: the rest of the budget x cap x graphs matrix at temperature 0 and the graph-log check;
+#   2b. constrained decoding (test_grammars: NONE, DFLASH and DDTREE servers that tokenize; issue 33), while the
+#      Marlin build may still run; results grammar-*;
 #   3. part 3, once the Marlin build is done (or MARLIN_WAIT seconds from the start have passed): the INT4 test
 #      under SGLang's Marlin runner.
 # At most 17 servers share the GPU and the host's memory at once. Each part's results.md / results.json /
@@ -34,12 +35,12 @@ SGLANG_DDTREE_START="none,dflash,ddtree-b32-c8-graphs,ddtree-b32-c8-eager,ddtree
   tests/gpu_sglang/run.sh -k '(not test_ddtree_greedy or b32-c8) and not production and not tp2 and not marlin and not test_grammars' \
   || rc=1
 move part1
-grammar=$(python3 -c "from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS; print(','.join(GRAMMAR_SERVERS))" 2>/dev/null)
-SGLANG_DDTREE_START="$grammar" OUTDIR=${OUTDIRG:-/tmp/ddtree-kimi-grammar} tests/gpu_sglang/run.sh -k 'test_grammars' || rc=1
-move grammar
 SGLANG_DDTREE_START="none,$matrix" OUTDIR=${OUTDIR2:-/tmp/ddtree-kimi-part2} \
   tests/gpu_sglang/run.sh -k '(test_ddtree_greedy and not b32-c8) or test_graph_runs' || rc=1
 move part2
+grammar=$(python3 -c "from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS; print(','.join(GRAMMAR_SERVERS))" 2>/dev/null)
+SGLANG_DDTREE_START="$grammar" OUTDIR=${OUTDIRG:-/tmp/ddtree-kimi-grammar} tests/gpu_sglang/run.sh -k 'test_grammars or test_graph_runs' || rc=1
+move grammar
 echo "[kimi] waiting for the Marlin warm-up (pid $warm)"; wait "$warm"; cp "$WORK/marlin-warm.log" "$OUT/" 2>/dev/null
 SGLANG_DDTREE_START="none,$marlin" OUTDIR=${OUTDIR3:-/tmp/ddtree-kimi-part3} \
   tests/gpu_sglang/run.sh -k 'marlin' || rc=1
