@@ -48,6 +48,9 @@ class ServerConfig:
     radix: bool = False                      # the radix cache on (SGLang's default; the matrix runs without it)
     attention: str = "triton"                # --attention-backend
     tokenizer: bool = False                  # the server tokenizes (its grammar backend needs the tokenizer)
+    overlap: bool = False                    # SGLang's overlap scheduler on (its default; off in the matrix)
+    max_bs: int = GRAPH_MAX_BS               # running requests and decode graphs up to this batch
+    max_total_tokens: int = 16384            # the KV pool
 
     def args(self, pair: Path, port: int) -> list[str]:
         # --sleep-on-idle: an idle scheduler otherwise spins a core, and servers started together
@@ -55,11 +58,11 @@ class ServerConfig:
         a = ["--model-path", str(pair / self.target), *([] if self.tokenizer else ["--skip-tokenizer-init"]),
              "--attention-backend", self.attention,
              "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", "0.88",
-             "--max-total-tokens", "16384", "--context-length", "1024",
-             "--max-running-requests", str(GRAPH_MAX_BS), *([] if self.radix else ["--disable-radix-cache"]),
-             "--enable-metrics",
-             "--disable-overlap-schedule", "--cuda-graph-backend-prefill", "disabled", "--sleep-on-idle"]
-        a += (["--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS)] if self.graphs
+             "--max-total-tokens", str(self.max_total_tokens), "--context-length", "1024",
+             "--max-running-requests", str(self.max_bs), *([] if self.radix else ["--disable-radix-cache"]),
+             "--enable-metrics", *([] if self.overlap else ["--disable-overlap-schedule"]),
+             "--cuda-graph-backend-prefill", "disabled", "--sleep-on-idle"]
+        a += (["--cuda-graph-max-bs-decode", str(self.max_bs)] if self.graphs
               else ["--cuda-graph-backend-decode", "disabled"])
         if self.tp > 1:   # all-reduce through NCCL (the test bed's kernel build carries no custom all-reduce)
             a += ["--tp-size", str(self.tp), "--disable-custom-all-reduce"]
@@ -84,7 +87,7 @@ GRAMMAR_ARGS = ("--constrained-json-max-whitespace-cnt", "2")
 # text-only processor stand-in is remote code), the INT4-expert target, SGLang's Triton MoE runner instead
 # of its default (Marlin for INT4 on Hopper and sm_120), FlashInfer attention, the radix cache, SGLang's
 # deterministic (batch-invariant) kernels, penalties, logprobs, custom logit processors, constrained decoding,
-# TP 2, the step profiler
+# the overlap scheduler, the sync check, 48 running requests, TP 2, the step profiler
 SUFFIXES = {
     "-k16": lambda c: replace(c, draft="draft16"),
     "-wrapper": lambda c: replace(c, target="target-wrapper", extra=c.extra + ("--trust-remote-code",)),
@@ -99,6 +102,9 @@ SUFFIXES = {
                               env=c.env + (("SGLANG_DDTREE_PROCESSORS", "1"),)),
     "-grammar": lambda c: replace(c, tokenizer=True, extra=c.extra + GRAMMAR_ARGS,
                                   env=c.env + (("SGLANG_DDTREE_GRAMMARS", "1"),)),
+    "-overlap": lambda c: replace(c, overlap=True, env=c.env + (("SGLANG_DDTREE_OVERLAP", "1"),)),
+    "-synccheck": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_SYNC_CHECK", "warn"),)),
+    "-bs48": lambda c: replace(c, max_bs=48, max_total_tokens=65536),
     "-tp2": lambda c: replace(c, tp=2),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
@@ -109,7 +115,9 @@ def config(name: str) -> ServerConfig:
     -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
     -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache), -det
     (--enable-deterministic-inference), -pen (DDTREE's per-node penalties served: SGLANG_DDTREE_PENALTIES=1), -lp (its output logprobs served),
-    -clp (custom logit processors enabled, and served per node by DDTREE), -grammar (the server tokenizes, JSON white space bounded, DDTREE's constrained decoding served),
+    -clp (custom logit processors enabled, and served per node by DDTREE), -overlap (SGLang's overlap scheduler on,
+    allowed for DDTREE by SGLANG_DDTREE_OVERLAP=1), -synccheck (DDTREE's steps under torch's sync debug mode, warn),
+    -bs48 (48 running requests, decode graphs up to 48, a KV pool of 65,536 tokens), -grammar (the server tokenizes, JSON white space bounded, DDTREE's constrained decoding served),
     -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):

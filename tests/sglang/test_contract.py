@@ -416,3 +416,19 @@ def test_sglang_sampling_info_maps_to_ddtree_sampling_params():
                           min_ps=torch.zeros(2), is_all_greedy=True, is_any_greedy=True, need_top_p_sampling=False,
                           need_top_k_sampling=False, need_min_p_sampling=False, vocab_size=vocab), vocab)
     assert greedy.all_greedy and greedy.top_k is None and greedy.temperature.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("switch,supports", [("", False), ("1", True)])
+def test_the_overlap_switch_reaches_sglangs_registry(switch, supports):
+    """SGLANG_DDTREE_OVERLAP=1 registers DDTREE with supports_overlap (SGLang then starts it under its overlap
+    scheduler, without the deprecation warning of plugin workers that lack it); unset, SGLang's own
+    create_worker refuses overlap as before."""
+    script = ("from ddtree.sglang import plugin; plugin.register()\n"
+              "from sglang.srt.speculative import spec_registry as r\n"
+              "algo = r._REGISTRY['DDTREE']; print(algo.supports_overlap)\n")
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_OVERLAP"}
+    if switch:
+        env["SGLANG_DDTREE_OVERLAP"] = switch
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == str(supports)

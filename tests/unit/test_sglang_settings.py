@@ -162,6 +162,40 @@ def test_logprobs_are_served_only_when_the_server_says_so():
     assert request_refusal({"frequency_penalty": 0.5}, asks, logprobs=True) is not None
 
 
+def test_the_overlap_scheduler_is_allowed_only_by_its_switch(monkeypatch):
+    monkeypatch.delenv("SGLANG_DDTREE_OVERLAP", raising=False)
+    message = next(refusals(GOOD, server(disable_overlap_schedule=False)))
+    assert "add --disable-overlap-schedule" in message and "SGLANG_DDTREE_OVERLAP=1" in message
+    monkeypatch.setenv("SGLANG_DDTREE_OVERLAP", "1")
+    assert list(refusals(GOOD, server(disable_overlap_schedule=False))) == []
+
+
+def test_penalties_stay_refused_under_the_overlap_scheduler():
+    assert request_refusal({"frequency_penalty": 0.5}, NS(), penalties=True) is None
+    assert "frequency_penalty" in request_refusal({"frequency_penalty": 0.5}, NS(), penalties=True, overlap=True)
+
+
+def test_the_sync_check_logs_each_site_once_and_passes_other_warnings_on(caplog):
+    import warnings
+
+    from ddtree.sglang.sync_check import MARK, SyncCheck
+
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_SYNC_CHECK='loud' is invalid"):
+        SyncCheck("loud")
+    check = SyncCheck("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for line in (3, 3, 9):
+            warnings.warn_explicit("called a synchronizing CUDA operation", UserWarning, "/x/ddtree/a.py", line)
+        warnings.warn_explicit("something else", UserWarning, "/x/b.py", 1)
+    with warnings.catch_warnings(record=True) as passed:
+        warnings.simplefilter("always")
+        with caplog.at_level("WARNING", logger="ddtree.sglang.sync_check"):
+            check.report(caught)
+    assert [r.getMessage() for r in caplog.records] == [f"{MARK} /x/ddtree/a.py:3", f"{MARK} /x/ddtree/a.py:9"]
+    assert [str(w.message) for w in passed] == ["something else"]
+
+
 def test_custom_logit_processors_are_served_only_when_the_server_says_so():
     asks = NS(custom_logit_processor='{"callable": "x"}')
     assert request_refusal(None, asks).startswith("custom_logit_processor")

@@ -14,7 +14,7 @@ import os
 from ddtree.sglang import graph_check, keys
 from ddtree.sglang.requests import request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
-from ddtree.sglang.settings import draft_block_size, from_env, resolved_block, to_env, validate
+from ddtree.sglang.settings import draft_block_size, from_env, overlap_allowed, resolved_block, to_env, validate
 
 log = logging.getLogger(__name__)
 ALGORITHM = "DDTREE"
@@ -112,7 +112,8 @@ def refuse_unsupported_requests(*args, **kwargs):
     if algorithm != ALGORITHM or obj is None:
         return None
     deterministic = bool(getattr(manager.server_args, "enable_deterministic_inference", False))
-    message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic,
+    overlap = not bool(getattr(manager.server_args, "disable_overlap_schedule", True))
+    message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic, overlap=overlap,
                               penalties=os.environ.get(ENV_PENALTIES) == "1",
                               logprobs=os.environ.get(ENV_LOGPROBS) == "1",
                               grammars=os.environ.get(ENV_GRAMMARS) == "1",
@@ -221,7 +222,7 @@ def register() -> None:
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", add_ddtree_cli_args, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", capture_ddtree_cli_values,
                           HookType.AFTER)
-    SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, validate_server_args=validate_server_args,
+    SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=overlap_allowed(), validate_server_args=validate_server_args,
                                   spec_class=spec_class())(worker_factory)
     HookRegistry.register(CAPTURE_SPEC_INFO, capture_with_tree_mask, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, refuse_unsupported_requests, HookType.BEFORE)

@@ -30,7 +30,7 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 def request_refusal(sampling_params: Mapping | None, request: object, deterministic: bool = False,
                     penalties: bool = False, logprobs: bool = False, grammars: bool = False,
-                    processors: bool = False) -> str | None:
+                    processors: bool = False, overlap: bool = False) -> str | None:
     """The first unsupported feature of one generate request, as an error message, or None.
 
     sampling_params: the request's sampling parameters as sent (a dict or None); request: an
@@ -39,7 +39,9 @@ def request_refusal(sampling_params: Mapping | None, request: object, determinis
     penalties: the server was started with SGLANG_DDTREE_PENALTIES=1 (per-node penalties, under test);
     logprobs: the server was started with SGLANG_DDTREE_LOGPROBS=1 (output logprobs, under test);
     grammars: the server was started with SGLANG_DDTREE_GRAMMARS=1 (constrained trees, under test);
-    processors: the server was started with SGLANG_DDTREE_PROCESSORS=1 (custom logit processors per node).
+    processors: the server was started with SGLANG_DDTREE_PROCESSORS=1 (custom logit processors per node);
+    overlap: the server runs the overlap scheduler (SGLANG_DDTREE_OVERLAP=1), under which penalties are refused
+    whatever their switch (the worker feeds SGLang's penalizers itself; untested with the overlap's own feeding).
     """
     if getattr(request, "return_logprob", False) and not logprobs:
         return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
@@ -61,7 +63,7 @@ def request_refusal(sampling_params: Mapping | None, request: object, determinis
     for field in () if grammars else GRAMMAR_FIELDS:
         if params.get(field) is not None:
             return f"sampling_params.{field} (constrained decoding) is not supported by this DDTREE server; {FIX}"
-    for field, neutral in ({} if penalties else NEUTRAL_SAMPLING).items():
+    for field, neutral in ({} if penalties and not overlap else NEUTRAL_SAMPLING).items():
         value = params.get(field)
         if value is not None and float(value) != float(neutral):
             return (f"sampling_params.{field}={value!r} is not supported by this DDTREE server (only {neutral} "

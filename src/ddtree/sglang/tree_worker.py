@@ -33,7 +33,10 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
                       L + 1 = block tokens a step), commit lengths, the next root
 
 SGLANG_DDTREE_PROFILE_STEPS=N times each stage (profile.py; off by default, a diagnostics mode
-that synchronises the device after every stage).
+that synchronises the device after every stage). SGLANG_DDTREE_SYNC_CHECK=warn|error runs each step under
+torch's CUDA sync debug mode (sync_check.py). Under the overlap scheduler (allowed with
+SGLANG_DDTREE_OVERLAP=1 until the GPU test bed has shown it lossless) the step reads host lengths only from
+the scheduler's reservation (nxt_kv_lens_cpu), as DFlashWorkerV2 does.
 
 Sizing (see settings.py): SGLang's speculative_num_draft_tokens is N = budget + 1 on a DDTREE
 server; DFlashWorkerV2.__init__ takes that as its block size, so the worker restores the draft's
@@ -50,6 +53,7 @@ equal to NONE.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -78,6 +82,7 @@ from ddtree.penalties import apply_node_penalties
 from ddtree.sglang.penalty_state import feed_committed, penalty_state
 from ddtree.sglang.profile import OFF, StepProfiler
 from ddtree.sglang.seeded import seeded_node_targets
+from ddtree.sglang.sync_check import SyncCheck
 from ddtree.settings import DDTreeConfigError
 from ddtree.sglang.settings import from_env, resolved_block
 from ddtree.tree import build_tree_from_candidates, candidate_count
@@ -109,6 +114,7 @@ class DDTreeWorker(DFlashWorkerV2):
             raise DDTreeConfigError(problem)
         self._ddtree_head = DraftCandidateHead(self._ddtree_head_shard(), self._ddtree_k(), block, max_bs=0)
         self._ddtree_prof = StepProfiler.from_env(torch.cuda.synchronize) or OFF
+        self._ddtree_sync = SyncCheck.from_env()                                  # None unless diagnosing
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -199,6 +205,14 @@ class DDTreeWorker(DFlashWorkerV2):
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DDTREE decode expected the DFlashDraftInputV2 its prefill left on the batch, "
                                f"got {type(draft_input).__name__}")
+        # under the overlap scheduler seq_lens comes from the previous step, possibly made on another stream
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        checked = self._ddtree_sync is not None and not batch.has_grammar and not (
+            batch.sampling_info is not None and batch.sampling_info.has_custom_logit_processor)
+        with self._ddtree_sync.step() if checked else contextlib.nullcontext():
+            return self._ddtree_decode(batch, draft_input, on_publish, grammar_barrier)
+
+    def _ddtree_decode(self, batch, draft_input, on_publish, grammar_barrier):
         prefix_lens = batch.seq_lens                                               # int64 [bs] committed
         prof = self._ddtree_prof                                                   # OFF unless profiling
         prof.begin(int(prefix_lens.shape[0]))
