@@ -297,7 +297,7 @@ RESOLVE = ("import sys, json, os\n"
            "      c.speculative_draft_attention_backend, c.max_running_requests, os.environ['SGLANG_DDTREE_BLOCK_SIZE'])\n")
 
 
-def resolve(tmp_path, *extra: str) -> subprocess.CompletedProcess:
+def resolve(tmp_path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """SGLang's own resolution pipeline on the CPU (--device cpu) over a tiny pair's config.json files."""
     pair = tmp_path / "pair"
     for name, cfg in (("target", {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4}),
@@ -314,10 +314,11 @@ def resolve(tmp_path, *extra: str) -> subprocess.CompletedProcess:
             "dummy", "--attention-backend", "triton", "--speculative-algorithm", "DDTREE",
             "--speculative-draft-model-path", str(pair / "draft"), "--disable-overlap-schedule", *extra]
     e = os.environ.copy()
-    for k in ("SGLANG_DDTREE_BUDGET", "SGLANG_DDTREE_TOPK_CAP", "SGLANG_DDTREE_BLOCK_SIZE"):
+    for k in ("SGLANG_DDTREE_BUDGET", "SGLANG_DDTREE_TOPK_CAP", "SGLANG_DDTREE_BLOCK_SIZE", "SGLANG_DDTREE_SCHEDULE",
+              "SGLANG_DDTREE_OVERLAP"):
         e.pop(k, None)
     return subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(args)], capture_output=True, text=True,
-                          timeout=300, env=e)
+                          timeout=300, env={**e, **(env or {})})
 
 
 def test_sglangs_resolution_sizes_a_ddtree_server_for_its_verify_width(tmp_path):
@@ -326,6 +327,53 @@ def test_sglangs_resolution_sizes_a_ddtree_server_for_its_verify_width(tmp_path)
     # width budget + 1, one step, top-k 1, the draft attends with the target's backend, DFLASH's
     # default concurrency, and the draft's block (from its config.json) handed to the schedulers
     assert r.stdout.split() == ["33", "1", "1", "triton", "48", "8"]
+
+
+SCHEDULE = ("--speculative-ddtree-budget", "1:64,8:32,32:8", "--speculative-ddtree-topk-cap", "1:8,32:4")
+
+
+def test_a_budget_schedule_sizes_the_server_for_its_widest_step(tmp_path):
+    r = resolve(tmp_path, *SCHEDULE, env={"SGLANG_DDTREE_SCHEDULE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["65", "1", "1", "triton", "48", "8"]
+
+
+def test_a_budget_schedule_is_refused_without_its_switch_and_checked_at_every_step(tmp_path):
+    r = resolve(tmp_path / "unswitched", *SCHEDULE)
+    assert r.returncode != 0 and "SGLANG_DDTREE_SCHEDULE=1" in r.stderr and "1:64,8:32,32:8" in r.stderr
+    r = resolve(tmp_path / "too-narrow", "--speculative-ddtree-budget", "1:64,32:4", "--speculative-ddtree-topk-cap", "1:8,32:4",
+                env={"SGLANG_DDTREE_SCHEDULE": "1"})
+    assert r.returncode != 0
+    assert "from batch size 32: --speculative-ddtree-budget=4 is invalid with block size 8" in r.stderr
+
+
+def test_the_spec_answers_a_schedules_widths_and_the_widest_otherwise():
+    script = ("import os\n"
+              "os.environ.update(SGLANG_DDTREE_BUDGET='1:64,8:32,32:8', SGLANG_DDTREE_TOPK_CAP='8',\n"
+              "                  SGLANG_DDTREE_BLOCK_SIZE='8')\n"
+              "from ddtree.sglang.plugin import spec_class\n"
+              "spec = spec_class()('DDTREE', None)\n"
+              "f = spec.get_num_tokens_per_req_for_target_verify\n"
+              "print(f(65, False), f(33, False), f(9, False), f(8, False), f(65, True))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-5:] == ["65", "33", "9", "65", "8"]
+
+
+def test_the_sglang_names_the_width_states_use_exist():
+    """widths.py builds a narrower width's verify state as SGLang's adaptive EAGLE worker builds its states."""
+    from sglang.srt.arg_groups.arg_utils import namespace_of
+    from sglang.srt.model_executor.cuda_graph_config import PhaseConfig
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_executor.runner import base_cuda_graph_runner
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.server_args import ServerArgs
+
+    assert "init_new_workspace" in inspect.signature(ModelRunner._get_attention_backend).parameters
+    assert {"attn_backend", "speculative_num_draft_tokens"} <= set(inspect.signature(DecodeCudaGraphRunner).parameters)
+    assert "cuda_graph_config.decode.bs" in inspect.getsource(base_cuda_graph_runner.get_batch_sizes_to_capture)
+    assert "speculative_num_draft_tokens" in namespace_of(ServerArgs)
+    assert not PhaseConfig.__dataclass_params__.frozen and "bs" in PhaseConfig.__dataclass_fields__
 
 
 def test_a_block_flag_that_contradicts_the_drafts_config_stops_resolution(tmp_path):
@@ -432,3 +480,12 @@ def test_the_overlap_switch_reaches_sglangs_registry(switch, supports):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == str(supports)
+
+
+def test_a_widths_graphs_cover_its_batch_sizes_padded_as_sglang_pads():
+    from ddtree.sglang.widths import padded_batches
+
+    captured = [1, 2, 4, 8, 12, 16, 24, 32, 48]
+    assert padded_batches(list(range(8, 32)), captured) == [8, 12, 16, 24, 32]
+    assert padded_batches([3, 5, 6], captured) == [4, 8]
+    assert padded_batches([49], captured) == [] and padded_batches([], captured) == []

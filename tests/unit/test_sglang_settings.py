@@ -104,6 +104,38 @@ def test_settings_travel_through_the_environment():
         from_env({"SGLANG_DDTREE_BUDGET": "x"})
 
 
+def test_a_schedule_travels_through_the_environment_and_sizes_for_its_widest_step():
+    from ddtree.sglang.settings import schedule_from_env, schedule_to_env
+
+    env: dict = {}
+    schedule_to_env(" 1:64,8:32,32:8 ", "1:8,32:4", env)
+    schedule = schedule_from_env(env)
+    assert schedule.stepped and str(schedule) == "budget 1:64,8:32,32:8 cap 1:8,32:4"
+    assert [schedule.at(b) for b in (1, 7, 8, 31, 32, 48)] == [(64, 8), (64, 8), (32, 8), (32, 8), (8, 4), (8, 4)]
+    assert schedule.widths == (9, 33, 65)
+    assert schedule.batches_at_width(33, 48) == list(range(8, 32)) and schedule.batches_at_width(9, 20) == []
+    assert from_env({**env, "SGLANG_DDTREE_BLOCK_SIZE": "8"}) == DDTreeSettings(64, 8, 8)
+    assert schedule.problems(8) == []
+    plain = schedule_from_env({"SGLANG_DDTREE_BUDGET": "32"})
+    assert not plain.stepped and plain.widths == (33,) and plain.at(48) == (32, 8)
+    with pytest.raises(DDTreeConfigError, match=r"--speculative-ddtree-budget \(SGLANG_DDTREE_BUDGET\)=8:64 is invalid"):
+        schedule_from_env({"SGLANG_DDTREE_BUDGET": "8:64"})
+
+
+def test_a_schedule_is_refused_without_its_switch(monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET", "1:64,8:32")
+    monkeypatch.setenv("SGLANG_DDTREE_TOPK_CAP", "8")
+    monkeypatch.delenv("SGLANG_DDTREE_SCHEDULE", raising=False)
+    widest = DDTreeSettings(64, 8, 8)
+    message = next(refusals(widest, server()))
+    assert "1:64,8:32" in message and "SGLANG_DDTREE_SCHEDULE=1" in message
+    monkeypatch.setenv("SGLANG_DDTREE_SCHEDULE", "1")
+    assert list(refusals(widest, server())) == []
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET", "1:64,8:6")
+    monkeypatch.setenv("SGLANG_DDTREE_TOPK_CAP", "1:8,8:4")
+    assert next(refusals(widest, server())).startswith("from batch size 8: --speculative-ddtree-budget=6 is invalid")
+
+
 def test_the_drafts_block_comes_from_its_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 16}, "block_size": 4}))
     assert draft_block_size(tmp_path) == 16

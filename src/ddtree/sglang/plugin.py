@@ -14,7 +14,8 @@ import os
 from ddtree.sglang import graph_check, keys
 from ddtree.sglang.requests import request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
-from ddtree.sglang.settings import draft_block_size, from_env, overlap_allowed, resolved_block, to_env, validate
+from ddtree.sglang.settings import (ENV_SCHEDULE, block_to_env, draft_block_size, from_env, overlap_allowed,
+                                    resolved_block, schedule_from_env, schedule_to_env, validate)
 
 log = logging.getLogger(__name__)
 ALGORITHM = "DDTREE"
@@ -39,11 +40,12 @@ def add_ddtree_cli_args(result, *args, **kwargs):
     """AFTER hook on sglang 0.5.23 ServerArgs.add_cli_args(parser): the DDTree flag group."""
     parser = next(a for a in list(args) + list(kwargs.values()) if isinstance(a, argparse.ArgumentParser))
     group = parser.add_argument_group("DDTree speculative decoding (k26-ddtree plugin)")
-    group.add_argument("--speculative-ddtree-budget", type=int, default=DEFAULT_BUDGET,
+    group.add_argument("--speculative-ddtree-budget", type=str, default=str(DEFAULT_BUDGET),
                        help=f"draft-tree nodes verified per step (1..{MAX_BUDGET}); budget = block size - 1 with "
-                            "top-k cap 1 is the DFlash chain")
-    group.add_argument("--speculative-ddtree-topk-cap", type=int, default=DEFAULT_TOPK_CAP,
-                       help="candidate tokens per depth (1..budget)")
+                            "top-k cap 1 is the DFlash chain; or a schedule by running batch size, e.g. "
+                            f"1:64,8:32,32:8 (with {ENV_SCHEDULE}=1 until verified)")
+    group.add_argument("--speculative-ddtree-topk-cap", type=str, default=str(DEFAULT_TOPK_CAP),
+                       help="candidate tokens per depth (1..budget); or a schedule by running batch size")
     return result
 
 
@@ -55,7 +57,7 @@ def capture_ddtree_cli_values(result, *args, **kwargs):
     """
     ns = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, argparse.Namespace)), None)
     if ns is not None and hasattr(ns, "speculative_ddtree_budget"):
-        to_env(DDTreeSettings(budget=ns.speculative_ddtree_budget, topk_cap=ns.speculative_ddtree_topk_cap))
+        schedule_to_env(ns.speculative_ddtree_budget, ns.speculative_ddtree_topk_cap)
     return result
 
 
@@ -85,9 +87,9 @@ def validate_server_args(server_args) -> None:
 def handle_server_args(server_args) -> None:
     """Size the server for DDTREE (SGLang 0.5.23 CustomSpecAlgo.handle_server_args; writes are declared).
 
-    speculative_num_draft_tokens becomes the verify width budget + 1: it sizes the step's KV
-    reservation (2 x width), the target-verify graphs and the tree-mask buffer. The draft keeps
-    its block, which reaches the scheduler processes as SGLANG_DDTREE_BLOCK_SIZE.
+    speculative_num_draft_tokens becomes the verify width budget + 1 (the widest step's, with a schedule):
+    it sizes the step's KV reservation (2 x width), the target-verify graphs and the tree-mask buffer. The
+    draft keeps its block, which reaches the scheduler processes as SGLANG_DDTREE_BLOCK_SIZE.
     """
     settings = resolve_settings(server_args)
     validate(settings, server_args)
@@ -98,7 +100,7 @@ def handle_server_args(server_args) -> None:
         server_args.speculative_draft_attention_backend = server_args.attention_backend
     if getattr(server_args, "max_running_requests", None) is None:
         server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
-    to_env(settings)
+    block_to_env(settings.block_size)
 
 
 def refuse_unsupported_requests(*args, **kwargs):
@@ -175,10 +177,14 @@ def spec_class():
         # verifies budget + 1 tokens per request (the seed's `q.shape[0] != qo_indptr[-1]` at
         # replay); the draft model runner also runs in TARGET_VERIFY mode, over its own block,
         # and its graphs must keep that width
+        # (SGLang passes its speculative_num_draft_tokens, the widest verify width; the worker's graphs for a
+        # schedule's narrower widths pass theirs, widths.py - any other value gets the widest, as before)
         def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
             settings = from_env()
             if is_draft_worker:
                 return resolved_block(settings)
+            if num_draft_tokens and int(num_draft_tokens) in schedule_from_env().widths:
+                return int(num_draft_tokens)
             return settings.verify_tokens
 
     return DDTreeSpec

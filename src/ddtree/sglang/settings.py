@@ -25,7 +25,10 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, SERVER_FLAGS, DDTreeConfigError, DDTreeSettings
+from dataclasses import dataclass
+
+from ddtree.settings import (DEFAULT_BUDGET, DEFAULT_TOPK_CAP, SERVER_FLAGS, DDTreeConfigError, DDTreeSettings,
+                             Schedule, parse_schedule, schedule_problems)
 
 ENV_BUDGET = "SGLANG_DDTREE_BUDGET"
 ENV_TOPK_CAP = "SGLANG_DDTREE_TOPK_CAP"
@@ -38,18 +41,64 @@ ENV_OVERLAP = "SGLANG_DDTREE_OVERLAP"
 def overlap_allowed(env=None) -> bool:
     env = os.environ if env is None else env
     return env.get(ENV_OVERLAP) == "1"
+
+
+# a budget / cap schedule by running batch size (issue 32): allowed only with this set to 1 until the GPU test
+# bed has shown DDTREE lossless and its graphs replayed at every width (tests/gpu_sglang/test_widths.py)
+ENV_SCHEDULE = "SGLANG_DDTREE_SCHEDULE"
+
+
+@dataclass(frozen=True)
+class WidthSchedule:
+    """The budget and the top-k cap by running batch size (one step each for a plain value). The server is
+    sized for the widest step (widest()); a decode step of b requests uses at(b)."""
+
+    budget: Schedule
+    topk_cap: Schedule
+
+    def at(self, batch: int) -> tuple[int, int]:
+        """(budget, cap) for a running batch of `batch` requests."""
+        return self.budget.at(batch), self.topk_cap.at(batch)
+
+    def widest(self, block_size: int | None = None) -> DDTreeSettings:
+        return DDTreeSettings(max(self.budget.values), max(self.topk_cap.values), block_size)
+
+    @property
+    def stepped(self) -> bool:
+        return len(self.budget.steps) > 1 or len(self.topk_cap.steps) > 1
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The verify widths (budget + 1) the schedule can produce, ascending."""
+        return tuple(sorted({b + 1 for b in self.budget.values}))
+
+    def batches_at_width(self, width: int, max_bs: int) -> list[int]:
+        """The running batch sizes 1..max_bs whose step verifies `width` tokens per request."""
+        return [b for b in range(1, max_bs + 1) if self.budget.at(b) + 1 == width]
+
+    def problems(self, block_size: int | None) -> list[str]:
+        return schedule_problems(self.budget, self.topk_cap, block_size, SERVER_FLAGS)
+
+    def __str__(self) -> str:
+        return f"budget {self.budget} cap {self.topk_cap}"
 # attention backends whose target-verify path takes an arbitrary (tree) custom mask in 0.5.23
 MASK_BACKENDS = ("triton", "flashinfer")
 # of those, the ones DDTREE was proven with on an MLA target (tests/gpu_sglang/test_kimi_path.py)
 MLA_MASK_BACKENDS = ("triton",)
 
 
-def from_env(env=None) -> DDTreeSettings:
-    """The settings the plugin passed to SGLang's processes (defaults where a variable is unset)."""
+def schedule_from_env(env=None) -> WidthSchedule:
+    """The budget and cap the plugin passed to SGLang's processes: `32` or `1:64,8:32,32:8` each (defaults where
+    a variable is unset)."""
     env = os.environ if env is None else env
-    return DDTreeSettings(budget=_int(env, ENV_BUDGET, DEFAULT_BUDGET, SERVER_FLAGS.budget),
-                          topk_cap=_int(env, ENV_TOPK_CAP, DEFAULT_TOPK_CAP, SERVER_FLAGS.topk_cap),
-                          block_size=_int(env, ENV_BLOCK_SIZE, None, SERVER_FLAGS.block_size))
+    return WidthSchedule(budget=_schedule(env, ENV_BUDGET, DEFAULT_BUDGET, SERVER_FLAGS.budget),
+                         topk_cap=_schedule(env, ENV_TOPK_CAP, DEFAULT_TOPK_CAP, SERVER_FLAGS.topk_cap))
+
+
+def from_env(env=None) -> DDTreeSettings:
+    """The settings the server is sized for: the widest budget and cap of the schedule, the draft's block."""
+    env = os.environ if env is None else env
+    return schedule_from_env(env).widest(_int(env, ENV_BLOCK_SIZE, None, SERVER_FLAGS.block_size))
 
 
 def to_env(settings: DDTreeSettings, env=None) -> None:
@@ -60,6 +109,18 @@ def to_env(settings: DDTreeSettings, env=None) -> None:
         env[ENV_BLOCK_SIZE] = str(settings.block_size)
 
 
+def schedule_to_env(budget: object, topk_cap: object, env=None) -> None:
+    """The flags' values as given (`32` or a schedule), for the schedulers; checked when the server validates."""
+    env = os.environ if env is None else env
+    env[ENV_BUDGET] = str(budget).strip()
+    env[ENV_TOPK_CAP] = str(topk_cap).strip()
+
+
+def block_to_env(block_size: int, env=None) -> None:
+    env = os.environ if env is None else env
+    env[ENV_BLOCK_SIZE] = str(block_size)
+
+
 def resolved_block(settings: DDTreeSettings) -> int:
     """The draft block; raises when the plugin's start-up resolution did not run."""
     if settings.block_size is None:
@@ -67,6 +128,15 @@ def resolved_block(settings: DDTreeSettings) -> int:
                                 "the k26-ddtree plugin (start the server with `sglang serve`, the plugin "
                                 "installed, and --speculative-algorithm DDTREE)")
     return settings.block_size
+
+
+def _schedule(env, name: str, default: int, flag: str) -> Schedule:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return Schedule(((1, default),))
+    if ":" in raw:
+        return parse_schedule(raw, f"{flag} ({name})")
+    return Schedule(((1, _int(env, name, default, flag)),))
 
 
 def _int(env, name: str, default, flag: str):
@@ -95,9 +165,20 @@ def draft_block_size(draft_path: str | os.PathLike | None) -> int | None:
 # --- start-up refusals: each takes (settings, server_args) and returns a message or None ---------
 
 def _ddtree_shape(s: DDTreeSettings, a) -> str | None:
-    """budget, top-k cap and block size against each other (ddtree.settings holds the rules)."""
-    problems = s.problems(SERVER_FLAGS)
+    """budget, top-k cap and block size against each other (ddtree.settings holds the rules), at every step
+    of a schedule."""
+    schedule = schedule_from_env()
+    problems = schedule.problems(s.block_size) if schedule.stepped else s.problems(SERVER_FLAGS)
     return problems[0] if problems else None
+
+
+def _schedule_switch(s, a) -> str | None:
+    schedule = schedule_from_env()
+    if schedule.stepped and os.environ.get(ENV_SCHEDULE) != "1":
+        return (f"a DDTree {schedule} by running batch size is not yet verified inside SGLang (the GPU test bed has "
+                f"not run it): give --speculative-ddtree-budget and --speculative-ddtree-topk-cap one value each, "
+                f"or set {ENV_SCHEDULE}=1 to run it anyway")
+    return None
 
 
 def _page_size(s, a) -> str | None:
@@ -197,7 +278,7 @@ _eagle_shape = _flags((("--speculative-num-steps", "speculative_num_steps"),
 
 
 CHECKS: tuple[Callable, ...] = (
-    _ddtree_shape, _num_draft_tokens, _eagle_shape, _page_size, _overlap, _attention,
+    _ddtree_shape, _schedule_switch, _num_draft_tokens, _eagle_shape, _page_size, _overlap, _attention,
     _above_one("--pp-size", "pp_size", "pipeline stages would need the tree relayed between them"),
     _above_one("--attn-dp-size", "attn_dp_size", "data-parallel attention runs idle ranks the tree path does not"),
     _flag_off("--enable-dp-attention", "enable_dp_attention", "data-parallel attention"),

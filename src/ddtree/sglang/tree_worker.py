@@ -11,14 +11,17 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
                       DraftCandidateHead, folded into that graph, turns the hidden states at
                       depths 1..L into the top-K candidates per depth (TP: per-shard top-K and
                       log-normaliser, one all-gather)
-  _ddtree_tree        build_tree_from_candidates -> DraftTree of width N = budget + 1
+  _ddtree_tree        build_tree_from_candidates -> DraftTree of width N = budget + 1 (with a budget / cap
+                      schedule, the step's: settings.WidthSchedule.at(running batch size), over the first
+                      K(cap) candidates)
   _ddtree_grammar     (a batch with grammars only) each constrained request's row rebuilt on the host: the
                       budget best paths its grammar allows, and the bitmask of every node (grammar.py)
   _ddtree_verify_batch  the target's TARGET_VERIFY batch of N tokens per request: the tree's
                       tokens at positions prefix + depth, the FULL_MASK custom mask (each node sees
                       the prefix, its ancestors and itself), K/V written to the request's reserved
                       window req_to_token[prefix : prefix + N]
-  _ddtree_verify      that one pass (CUDA graphs captured at width N)
+  _ddtree_verify      that one pass (CUDA graphs captured at width N; a schedule's narrower widths have
+                      their own attention backend and graphs, swapped in around the pass: widths.py)
   _ddtree_verdict     the target's token at every node (argmax, or one sample of the processed
                       distribution: temperature, top-k, top-p, min-p, logit bias; with a seed under
                       deterministic inference, SGLang's seeded draw at the node's position; with
@@ -84,9 +87,10 @@ from ddtree.sglang.profile import OFF, StepProfiler
 from ddtree.sglang.seeded import seeded_node_targets
 from ddtree.sglang.sync_check import SyncCheck
 from ddtree.settings import DDTreeConfigError
-from ddtree.sglang.settings import from_env, resolved_block
+from ddtree.sglang.settings import from_env, resolved_block, schedule_from_env
+from ddtree.sglang.widths import TargetWidths
 from ddtree.tree import build_tree_from_candidates, candidate_count
-from ddtree.types import DraftTree, SamplingParams
+from ddtree.types import Candidates, DraftTree, SamplingParams
 from ddtree.verify import accept_path, node_targets
 
 logger = logging.getLogger("ddtree.sglang.worker")   # the name it had before the move
@@ -115,6 +119,18 @@ class DDTreeWorker(DFlashWorkerV2):
         self._ddtree_head = DraftCandidateHead(self._ddtree_head_shard(), self._ddtree_k(), block, max_bs=0)
         self._ddtree_prof = StepProfiler.from_env(torch.cuda.synchronize) or OFF
         self._ddtree_sync = SyncCheck.from_env()                                  # None unless diagnosing
+        self._ddtree_schedule = schedule_from_env()
+        self._ddtree_widths = self._ddtree_target_widths()
+
+    def _ddtree_target_widths(self) -> TargetWidths | None:
+        """A schedule's narrower verify widths: the target's attention backend and graphs for each (widths.py)."""
+        if len(self._ddtree_schedule.widths) < 2:
+            return None
+        target = self.target_worker.model_runner
+        widths = TargetWidths(target, self._ddtree_schedule, self._ddtree.verify_tokens,
+                              int(target.max_running_requests))
+        logger.info("DDTREE %s: %s", self._ddtree_schedule, widths.memory_report())
+        return widths
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -214,23 +230,27 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _ddtree_decode(self, batch, draft_input, on_publish, grammar_barrier):
         prefix_lens = batch.seq_lens                                               # int64 [bs] committed
+        bs = int(prefix_lens.shape[0])                                             # a shape: no device wait
+        budget, cap = self._ddtree_schedule.at(bs)                                 # this step's tree
         prof = self._ddtree_prof                                                   # OFF unless profiling
-        prof.begin(int(prefix_lens.shape[0]))
+        prof.begin(bs)
         with prof.stage("window"):
-            window = self._ddtree_window(batch, draft_input, prefix_lens)
+            window = self._ddtree_window(batch, draft_input, prefix_lens, budget + 1)
         with prof.stage("draft"):
             cand = self._ddtree_draft(batch, draft_input, prefix_lens, window)
         with prof.stage("tree"):
-            tree = self._ddtree_tree(cand, draft_input.bonus_tokens.view(-1))
+            cand = self._ddtree_fewer(cand, budget, cap)                           # [bs, L, K(cap)]
+            tree = self._ddtree_tree(cand, draft_input.bonus_tokens.view(-1), budget)
         grammar = None
         if batch.has_grammar:
             with prof.stage("grammar"):
-                grammar = self._ddtree_grammar(batch, cand, tree, grammar_barrier)
+                grammar = self._ddtree_grammar(batch, cand, tree, budget, grammar_barrier)
                 tree = grammar.tree if grammar is not None else tree
-        with prof.stage("verify_inputs"):
-            verify_batch = self._ddtree_verify_batch(batch, draft_input, tree, prefix_lens, window)
-        with prof.stage("verify"):
-            target_out = self._ddtree_verify(verify_batch)
+        with self._ddtree_widths.active(budget + 1) if self._ddtree_widths else contextlib.nullcontext():
+            with prof.stage("verify_inputs"):
+                verify_batch = self._ddtree_verify_batch(batch, draft_input, tree, prefix_lens, window)
+            with prof.stage("verify"):
+                target_out = self._ddtree_verify(verify_batch)
         with prof.stage("verdict"):
             verdict = self._ddtree_verdict(batch, tree, target_out.logits_output, prefix_lens,
                                            grammar.mask if grammar is not None else None)
@@ -239,9 +259,9 @@ class DDTreeWorker(DFlashWorkerV2):
         prof.end()
         return result
 
-    def _ddtree_window(self, batch, draft_input, prefix_lens: torch.Tensor) -> StepWindow:
-        """The step's N reserved slots per request and their KV plan (read extent N)."""
-        n = self._ddtree.verify_tokens
+    def _ddtree_window(self, batch, draft_input, prefix_lens: torch.Tensor, n: int) -> StepWindow:
+        """The step's N reserved slots per request and their KV plan (read extent N); N = the step's budget + 1
+        (SGLang reserved the widest step's window)."""
         slots = window_slots(self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
                              prefix_lens, n)                                      # [bs, N]
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
@@ -300,15 +320,22 @@ class DDTreeWorker(DFlashWorkerV2):
                 raise RuntimeError("the DFlash draft returned no hidden states")
             return self._ddtree_head.compute(hidden[: bs * block])
 
-    def _ddtree_tree(self, cand, roots: torch.Tensor) -> DraftTree:
-        return build_tree_from_candidates(cand, roots, self._ddtree.budget)
+    def _ddtree_tree(self, cand: Candidates, roots: torch.Tensor, budget: int) -> DraftTree:
+        return build_tree_from_candidates(cand, roots, budget)
 
-    def _ddtree_grammar(self, batch, cand, tree: DraftTree, barrier) -> GrammarStep | None:
+    def _ddtree_fewer(self, cand: Candidates, budget: int, cap: int) -> Candidates:
+        """The step's K(cap) candidates per depth: the head keeps the widest step's K, best first, so a narrower
+        step's are a prefix."""
+        k = candidate_count(cap, budget, int(self.model_runner.model_config.vocab_size))
+        if k >= cand.logp.shape[-1]:
+            return cand
+        return Candidates(logp=cand.logp[..., :k].contiguous(), tokens=cand.tokens[..., :k].contiguous())
+
+    def _ddtree_grammar(self, batch, cand, tree: DraftTree, budget: int, barrier) -> GrammarStep | None:
         """The rows of requests with a grammar rebuilt on the host under it (grammar.py), and the step's
         bitmask; the prefill's leftover mask on the batch's sampling info is dropped (it is per request,
         not per node), as SGLang's DFLASH verify drops it."""
-        step = constrain_step(batch.reqs, cand, tree, self._ddtree.budget,
-                              int(batch.sampling_info.vocab_size), barrier)
+        step = constrain_step(batch.reqs, cand, tree, budget, int(batch.sampling_info.vocab_size), barrier)
         batch.sampling_info.grammar_mask = None
         return step
 
