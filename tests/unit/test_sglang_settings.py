@@ -14,7 +14,8 @@ from ddtree.reference.export import draft_config, export_pair
 from ddtree.reference.pair import init_pair
 from ddtree.sglang.requests import request_refusal
 from ddtree.settings import DDTreeConfigError, DDTreeSettings
-from ddtree.sglang.settings import draft_block_size, from_env, refusals, resolved_block, to_env, validate
+from ddtree.sglang.settings import (block_to_env, draft_block_size, from_env, refusals, resolved_block,
+                                    schedule_to_env, validate)
 
 
 def server(**changes):
@@ -95,7 +96,8 @@ def test_simulated_acceptance_is_refused(monkeypatch):
 
 def test_settings_travel_through_the_environment():
     env: dict = {}
-    to_env(GOOD, env)
+    schedule_to_env(GOOD.budget, GOOD.topk_cap, env)         # the CLI hook's write
+    block_to_env(GOOD.block_size, env)                       # handle_server_args' write
     assert from_env(env) == GOOD
     assert from_env({}).block_size is None
     with pytest.raises(DDTreeConfigError, match="SGLANG_DDTREE_BLOCK_SIZE is not set"):
@@ -105,7 +107,7 @@ def test_settings_travel_through_the_environment():
 
 
 def test_a_schedule_travels_through_the_environment_and_sizes_for_its_widest_step():
-    from ddtree.sglang.settings import schedule_from_env, schedule_to_env
+    from ddtree.sglang.settings import schedule_from_env
 
     env: dict = {}
     schedule_to_env(" 1:64,8:32,32:8 ", "1:8,32:4", env)

@@ -180,12 +180,10 @@ def spec_class():
         # (SGLang passes its speculative_num_draft_tokens, the widest verify width; the worker's graphs for a
         # schedule's narrower widths pass theirs, widths.py - any other value gets the widest, as before)
         def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
-            settings = from_env()
             if is_draft_worker:
-                return resolved_block(settings)
-            if num_draft_tokens and int(num_draft_tokens) in schedule_from_env().widths:
-                return int(num_draft_tokens)
-            return settings.verify_tokens
+                return resolved_block(from_env())
+            widths = schedule_from_env().widths                        # ascending; the last is the widest
+            return int(num_draft_tokens) if num_draft_tokens and int(num_draft_tokens) in widths else widths[-1]
 
     return DDTreeSpec
 

@@ -23,9 +23,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 from ddtree.settings import (DEFAULT_BUDGET, DEFAULT_TOPK_CAP, SERVER_FLAGS, DDTreeConfigError, DDTreeSettings,
                              Schedule, parse_schedule, schedule_problems)
@@ -99,14 +98,6 @@ def from_env(env=None) -> DDTreeSettings:
     """The settings the server is sized for: the widest budget and cap of the schedule, the draft's block."""
     env = os.environ if env is None else env
     return schedule_from_env(env).widest(_int(env, ENV_BLOCK_SIZE, None, SERVER_FLAGS.block_size))
-
-
-def to_env(settings: DDTreeSettings, env=None) -> None:
-    env = os.environ if env is None else env
-    env[ENV_BUDGET] = str(settings.budget)
-    env[ENV_TOPK_CAP] = str(settings.topk_cap)
-    if settings.block_size is not None:
-        env[ENV_BLOCK_SIZE] = str(settings.block_size)
 
 
 def schedule_to_env(budget: object, topk_cap: object, env=None) -> None:
