@@ -23,13 +23,15 @@ PROMTOOL := $(CACHE)/prometheus-$(PROMETHEUS_DEB)/usr/bin/promtool
 AMTOOL := $(CACHE)/alertmanager-$(ALERTMANAGER_DEB)/usr/bin/amtool
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: promtool lock check-locks crash-test help venv sglang-venv gateway-venv test test-sandbox-lane test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
+.PHONY: promtool lock check-locks crash-test fuzz-engine help venv sglang-venv gateway-venv test test-sandbox-lane test-sandbox-extended test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
 	@echo "make test        the whole suite: CPU tests, Ansible checks, the sandbox host (creates what it needs)"
 	@echo "make sandbox     boot the local sandbox fleet: 2 server hosts + a gateway host (cached rootfs, ssh on 127.0.0.1:2222-2224); sandbox-down stops it"
+	@echo "make test-sandbox-extended  the sandbox tests make test leaves out for time (~40 min)"
 	@echo "make test-unit   algorithm unit tests only"
+	@echo "make fuzz-engine random cases of DDTREE = plain greedy on the reference engine (FUZZ_CASES=200 FUZZ_START=0)"
 	@echo "make venv        create/refresh the pinned CPU test venv in $(CACHE)"
 	@echo "make lock        regenerate requirements/*.lock (every package with hashes) from the pins in requirements/*.txt"
 
@@ -100,17 +102,39 @@ test-sglang: sglang-venv
 
 # Two lanes at once: the sandbox lane (tests/infra: mostly waiting on ssh, systemd and health
 # checks) and the CPU lane (everything else, then the SGLang contract tests). Each lane's output
-# is printed as a whole when it ends (make -O); the test fails when either lane fails.
+# is printed as a whole when it ends (make -O); the test fails when either lane fails. At the end,
+# each lane's time and slowest tests, and a WARNING line when the whole run (set-up included)
+# passed TEST_BUDGET seconds (issue 43: 40 minutes on CI's 2-core machine, which gives 90).
+TEST_T0 := $(shell date +%s)
+TEST_BUDGET ?= 2400
+LANES := $(CACHE)/test-lanes
+LANE := $(PYTHON) tools/test_budget.py run
 test: venv sandbox sglang-venv gateway-venv promtool
-	$(MAKE) --no-print-directory -j2 -O test-sandbox-lane test-cpu-lane
+	rm -rf $(LANES)
+	rc=0; $(MAKE) --no-print-directory -j2 -O test-sandbox-lane test-cpu-lane || rc=$$?; \
+		$(PYTHON) tools/test_budget.py report $(LANES) $(TEST_T0) $(TEST_BUDGET); exit $$rc
 
 test-sandbox-lane:
-	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	$(ANSIBLE_ENV) $(LANE) sandbox $(LANES) -- $(PY) -m pytest tests/infra -m "not extended" -p no:cacheprovider \
+		--durations=15 $(PYTEST_ARGS)
+
+# The sandbox tests `make test` leaves out for its time budget (marked `extended`, ~40 min on 2 cores):
+# the key rotation behind the gateway, a host lost mid-roll, the second host failing its smoke, a rollback
+# taking its host out of the pool, the release story (failed build, failed smoke, pruning), an interrupted
+# sweep repaired and a deploy after one, alerts reaching the receiver, the NCCL P2P switch, the driver
+# install. Their claims have a sibling in make test (key rotation on one host, the first host failing, a
+# sweep taking its host out of the pool, a config that cannot start rolled back, the crash sample, ...);
+# run this before a release and after changing roles or playbooks.
+test-sandbox-extended: venv sandbox
+	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -m extended -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 
 # the CPU lane runs at a lower priority: the sandbox lane is the longer one (its waits are timed)
 test-cpu-lane:
-	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -p no:cacheprovider $(PYTEST_ARGS)
-	nice -n 10 $(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
+	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) \
+		$(LANE) cpu $(LANES) -- nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang \
+		-p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	$(LANE) cpu $(LANES) -- nice -n 10 $(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider \
+		-W ignore::UserWarning -W ignore::DeprecationWarning --durations=15 $(PYTEST_ARGS)
 
 $(SANDBOX_MODEL)/target/config.json: | venv
 	$(PY) -m ddtree.reference.init --out $(SANDBOX_MODEL) --seed 0 --preset tiny
@@ -125,6 +149,12 @@ sandbox-down:
 
 deploy: venv sandbox
 	$(ANSIBLE_ENV) $(VENV)/bin/ansible-playbook deploy.yml
+
+# Random cases of DDTREE = plain greedy decoding on the reference engine; make test runs a fixed sample
+# of them (tests/reference/test_engine_fuzz.py); each failing seed reproduces alone
+fuzz-engine: venv
+	K26_FUZZ_CASES=$(or $(FUZZ_CASES),200) K26_FUZZ_START=$(or $(FUZZ_START),0) $(PY) -m pytest \
+		tests/reference/test_engine_fuzz.py -k random_case -p no:cacheprovider -q $(PYTEST_ARGS)
 
 # every task boundary of every playbook, killed (SIGKILL) and with its SSH connections dropped, each
 # re-run and the host checked, the first server behind the sandbox gateway (tests/infra/crash); hours

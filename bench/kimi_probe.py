@@ -5,7 +5,7 @@ path, does it equal NONE token for token, and do the radix cache (Python tree co
 backend and INT4 routed experts (compressed-tensors W4A16, pack-quantized, group 32, as Kimi ships
 them) start and decode. Random weights (`--load-format dummy`): deterministic logits, no acceptance.
 
-    python3 bench/kimi_probe.py --out DIR --group wrapper|int4|all [--timeout 420]
+    python3 bench/kimi_probe.py --out DIR --group wrapper|int4|overlap|all [--timeout 420]
 
 The target's config is Kimi-K2.5's public config.json (moonshotai/Kimi-K2.5, read through the search
 tool on 2026-12-02; SGLang 0.5.23 loads K2.6 with the same KimiK25 classes) with every width scaled
@@ -133,8 +133,16 @@ def probes(group: str, arch: str = "wrapper") -> list[Probe]:
         Probe(replace(harness.NONE, name="none-dsv3", extra=DUMMY), "dsv3"),
         Probe(replace(b32, name="ddtree-b32-c8-dsv3", extra=DRAFT_DUMMY), "dsv3", "none-dsv3"),
     ]
+    # overlap: DDTREE and DFLASH under SGLang's overlap scheduler (issue 35), DDTREE with torch's sync debug mode
+    overlap = [
+        int4[2],
+        Probe(replace(harness.config("ddtree-b32-c8-graphs-overlap-synccheck"), name="ddtree-b32-c8-overlap-dsv3",
+                      extra=DRAFT_DUMMY), "dsv3", "none-dsv3"),
+        Probe(replace(harness.DFLASH, name="dflash-overlap-dsv3", overlap=True, extra=DRAFT_DUMMY), "dsv3", "none-dsv3"),
+    ]
     # marlin-warm: one INT4 server whose first start JIT-compiles SGLang's Marlin MoE kernel into ~/.cache/sglang/jit
-    return {"wrapper": wrapper, "int4": int4, "int4-only": int4[:2], "marlin-warm": int4[:1], "all": wrapper + int4}[group]
+    return {"wrapper": wrapper, "int4": int4, "int4-only": int4[:2], "marlin-warm": int4[:1], "overlap": overlap,
+            "all": wrapper + int4}[group]
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -194,7 +202,7 @@ def run(args) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--group", choices=("wrapper", "int4", "int4-only", "marlin-warm", "all"), default="wrapper")
+    ap.add_argument("--group", choices=("wrapper", "int4", "int4-only", "marlin-warm", "overlap", "all"), default="wrapper")
     ap.add_argument("--timeout", type=float, default=420)
     ap.add_argument("--arch", choices=("wrapper", "dsv3"), default="wrapper",
                     help="dsv3: every pair as DeepseekV3ForCausalLM (the text model alone)")

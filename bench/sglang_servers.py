@@ -31,6 +31,8 @@ SERVER_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", "PYTHONFAULTHANDLER": "
 # and SGLang's idle-time pool check raising instead of warning, so a leaked KV slot stops the server
 RADIX_ENV = (("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python"), ("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "1"))
 MAX_NEW_TOKENS = 128
+# DDTREE's step dump (ddtree.sglang.step_dump): "auto" = the server's own folder beside its log, dumps/<name>
+DUMP_ENV, DUMP_AUTO = "SGLANG_DDTREE_DUMP", "auto"
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,9 @@ SUFFIXES = {
     "-synccheck": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_SYNC_CHECK", "warn"),)),
     "-bs48": lambda c: replace(c, max_bs=48, max_total_tokens=65536),
     "-tp2": lambda c: replace(c, tp=2),
+    "-dump": lambda c: replace(c, env=c.env + ((DUMP_ENV, DUMP_AUTO),)),
+    "-tok": lambda c: replace(c, tokenizer=True),
+    "-fault": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "sibling"),)),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
 
@@ -118,7 +123,9 @@ def config(name: str) -> ServerConfig:
     -clp (custom logit processors enabled, and served per node by DDTREE), -overlap (SGLang's overlap scheduler on,
     allowed for DDTREE by SGLANG_DDTREE_OVERLAP=1), -synccheck (DDTREE's steps under torch's sync debug mode, warn),
     -bs48 (48 running requests, decode graphs up to 48, a KV pool of 65,536 tokens), -grammar (the server tokenizes, JSON white space bounded, DDTREE's constrained decoding served),
-    -tp2 (tensor parallel on 2 GPUs), -profile (DDTREE's step profiler on), in that order: e.g.
+    -tp2 (tensor parallel on 2 GPUs), -dump (DDTREE writes every step's tree, verify logits and prefix KV to
+    Server.dump_dir), -fault (a deliberate tree-mask fault: nodes see their earlier siblings), -tok (the server loads
+    the pair's tokenizer: SGLang refuses min_new_tokens, stop strings and grammars without one), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):
         if name.endswith(suffix):
@@ -179,6 +186,17 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def dump_dir(self) -> Path:
+        """Where a -dump server writes its steps (step_dump.py)."""
+        return self.log.parent / "dumps" / self.config.name
+
+    def environment(self) -> dict[str, str]:
+        env = {**os.environ, **SERVER_ENV, **dict(self.config.env)}
+        if env.get(DUMP_ENV) == DUMP_AUTO:
+            env[DUMP_ENV] = str(self.dump_dir)
+        return env
+
     def start(self, pair: Path) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "sglang.launch_server", *self.config.args(pair, self.port)]
@@ -186,7 +204,7 @@ class Server:
         with open(self.log, "w") as out:
             # a session of its own: stop() ends the server's process group (scheduler, detokenizer) by PID
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, **SERVER_ENV, **dict(self.config.env)})
+                                         env=self.environment())
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

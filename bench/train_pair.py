@@ -92,6 +92,10 @@ SIZES = {
                                                  "mscale_all_dim": 1.0}),
                  draft_extra=dict(num_attention_heads=8, num_key_value_heads=1, head_dim=32)),
 }
+# Kimi-shaped pairs on which temperature-0 identity is decidable (issue 44): MLA with dense MLPs in every layer, and
+# MoE whose routing cannot flip (every routed expert active for every token: no top-k choice for bf16 to tip)
+SIZES["kimi-dense"] = {**SIZES["kimi"], "target_extra": {**SIZES["kimi"]["target_extra"], "first_k_dense_replace": 8}}
+SIZES["kimi-allexp"] = {**SIZES["kimi"], "target_extra": {**SIZES["kimi"]["target_extra"], "num_experts_per_tok": 8}}
 MAX_MINUTES = {"cuda": 8.0, "cpu": 90.0}   # GPU device time is the scarce budget
 
 

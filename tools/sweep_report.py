@@ -1,5 +1,6 @@
 """Write results.csv, results.md, plot.png and thresholds.json for a sweep and print the best DDTree
-configuration with its speed against DFLASH and NONE (same CUDA-graph setting, temperature 0).
+configuration with its speed against DFLASH and NONE (same CUDA-graph setting, temperature 0; each
+reference at its fastest overlap-scheduler setting, the bar a DDTREE configuration has to clear).
 
 thresholds.json holds the monitoring role's two speculation floors (k26_alert_sweep_results): the
 accept length under which K26AcceptLengthLow fires (ACCEPT_FLOOR_SHARE of the best configuration's)
@@ -8,7 +9,8 @@ and the tokens/s per request under which K26SlowerThanBaseline fires (NONE's, sa
 schedule.json holds the DDTree width by running batch size this sweep measured (issue 32): at each
 concurrency it ran, the fastest DDTREE configuration at temperature 0 (same CUDA-graph setting as the
 best overall), the value measured at concurrency C applying from a running batch of C (the lowest from
-1); with the best reference at that load beside it, and where DDTREE loses, by how much.
+1), the overlap-scheduler setting (overlap_schedule) the best one's; with the best reference at that
+load beside it, and where DDTREE loses, by how much.
 
 Usage: python tools/sweep_report.py RESULTS_DIR   (reads RESULTS_DIR/rows.json written by sweep.yml)
 """
@@ -26,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-FIELDS = ["algorithm", "budget", "topk_cap", "cuda_graph", "temperature", "concurrency", "tokens_per_s",
+FIELDS = ["algorithm", "budget", "topk_cap", "cuda_graph", "overlap_schedule", "temperature", "concurrency", "tokens_per_s",
           "server_tokens_per_s", "accept_length", "server_accept_length", "latency_p50_s", "latency_p95_s",
           "requests", "errors", "status"]
 
@@ -35,6 +37,11 @@ def speed(row: dict) -> float:
     """The server's own tokens/s where its /metrics answered, else the client's."""
     value = row.get("server_tokens_per_s")
     return float(value if value is not None else row.get("tokens_per_s") or 0)
+
+
+def overlap(row: dict) -> str:
+    """The row's k26_overlap_schedule (auto, true or false); rows of sweeps before the setting: auto."""
+    return str(row.get("overlap_schedule", "auto")).lower()
 
 
 def greedy_ok(rows: list[dict], algorithm: str) -> list[dict]:
@@ -47,18 +54,23 @@ def alike(row: dict, other: dict) -> bool:
     return str(row["cuda_graph"]) == str(other["cuda_graph"]) and row.get("concurrency") == other.get("concurrency")
 
 
+def fastest_alike(rows: list[dict], algorithm: str, row: dict) -> dict | None:
+    """The fastest `algorithm` row at temperature 0 with `row`'s graph setting and load (any overlap setting)."""
+    return max((r for r in greedy_ok(rows, algorithm) if alike(r, row)), key=speed, default=None)
+
+
 def comparison(rows: list[dict]) -> dict | None:
     """The best DDTREE configuration at temperature 0 and how it compares with DFLASH and NONE at
-    the same graph setting and load."""
+    the same graph setting and load (each at its fastest overlap setting)."""
     trees = greedy_ok(rows, "DDTREE")
     if not trees:
         return None
     best = max(trees, key=speed)
     out = {"best": best}
     for ref in ("DFLASH", "NONE"):
-        same = [r for r in greedy_ok(rows, ref) if alike(r, best)]
-        if same and speed(same[0]) > 0:
-            out[f"vs_{ref.lower()}"] = round(speed(best) / speed(same[0]), 3)
+        same = fastest_alike(rows, ref, best)
+        if same and speed(same) > 0:
+            out[f"vs_{ref.lower()}"] = round(speed(best) / speed(same), 3)
     return out
 
 
@@ -78,18 +90,19 @@ def thresholds(summary: dict | None, rows: list[dict]) -> dict:
     out = {"accept_length_floor": round(ACCEPT_FLOOR_SHARE * accept_length(best), 3),
            "from": {"budget": best["budget"], "topk_cap": best["topk_cap"], "cuda_graph": best["cuda_graph"],
                     "accept_length": accept_length(best)}}
-    none = [r for r in greedy_ok(rows, "NONE") if alike(r, best)]
-    if none and int(none[0].get("concurrency") or 0) > 0:
-        out["tokens_per_s_per_request_floor"] = round(speed(none[0]) / int(none[0]["concurrency"]), 3)
-        out["from"]["none_tokens_per_s"] = speed(none[0])
+    none = fastest_alike(rows, "NONE", best)
+    if none and int(none.get("concurrency") or 0) > 0:
+        out["tokens_per_s_per_request_floor"] = round(speed(none) / int(none["concurrency"]), 3)
+        out["from"]["none_tokens_per_s"] = speed(none)
     return out
 
 
-def schedule_picks(rows: list[dict], graphs) -> list[dict]:
-    """At each concurrency measured: the fastest DDTREE row at temperature 0 with CUDA graphs `graphs`,
-    and the fastest reference (NONE or DFLASH) at the same load and graph setting."""
+def schedule_picks(rows: list[dict], graphs, overlap_setting: str = "auto") -> list[dict]:
+    """At each concurrency measured: the fastest DDTREE row at temperature 0 with CUDA graphs `graphs` and
+    the overlap setting `overlap_setting` (one deploy renders one), and the fastest reference (NONE or
+    DFLASH, any overlap setting) at the same load and graph setting."""
     same = [r for r in rows if str(r.get("cuda_graph")) == str(graphs)]
-    all_trees = greedy_ok(same, "DDTREE")
+    all_trees = [r for r in greedy_ok(same, "DDTREE") if overlap(r) == overlap_setting]
     all_refs = greedy_ok(same, "NONE") + greedy_ok(same, "DFLASH")
     picks = []
     for level in sorted({int(r.get("concurrency") or 0) for r in all_trees}):
@@ -117,10 +130,10 @@ def schedule(summary: dict | None, rows: list[dict]) -> dict:
     they came from; {} when the sweep has no DDTREE row at temperature 0."""
     if not summary:
         return {}
-    graphs = summary["best"]["cuda_graph"]
-    picks = schedule_picks(rows, graphs)
+    graphs, overlap_setting = summary["best"]["cuda_graph"], overlap(summary["best"])
+    picks = schedule_picks(rows, graphs, overlap_setting)
     return {"k26_ddtree_budget": schedule_text(picks, "budget"), "k26_ddtree_topk_cap": schedule_text(picks, "topk_cap"),
-            "cuda_graph": graphs, "temperature": 0.0, "picks": picks,
+            "cuda_graph": graphs, "overlap_schedule": overlap_setting, "temperature": 0.0, "picks": picks,
             "loses_at": [p["concurrency"] for p in picks if p["vs_reference"] is not None and p["vs_reference"] < 1]}
 
 
@@ -128,7 +141,8 @@ def schedule_lines(plan: dict) -> list[str]:
     """The schedule section of results.md."""
     if not plan:
         return []
-    lines = ["", f"Schedule by running batch size (temperature 0, CUDA graphs {plan['cuda_graph']}): "
+    lines = ["", f"Schedule by running batch size (temperature 0, CUDA graphs {plan['cuda_graph']}, "
+                 f"overlap scheduler {plan.get('overlap_schedule', 'auto')}): "
                  f"budget `{plan['k26_ddtree_budget']}`, top-k cap `{plan['k26_ddtree_topk_cap']}`", "",
              "| concurrency | budget | top-k cap | tokens/s | accept length | best reference | its tokens/s | DDTREE / reference |",
              "|---|---|---|---|---|---|---|---|"]
@@ -155,7 +169,7 @@ def write_table(rows: list[dict], out: Path, summary: dict | None, plan: dict | 
         best = summary["best"]
         ratios = ", ".join(f"{k.split('_')[1].upper()} x{v}" for k, v in summary.items() if k.startswith("vs_"))
         lines += ["", f"Best at temperature 0: budget {best['budget']}, top-k cap {best['topk_cap']}, "
-                      f"CUDA graphs {best['cuda_graph']}: {speed(best)} tokens/s, "
+                      f"CUDA graphs {best['cuda_graph']}, overlap scheduler {overlap(best)}: {speed(best)} tokens/s, "
                       f"accept length {best.get('server_accept_length') or best['accept_length']}"
                       + (f" ({ratios})" if ratios else "")]
     lines += schedule_lines(plan or {})
@@ -165,20 +179,21 @@ def write_table(rows: list[dict], out: Path, summary: dict | None, plan: dict | 
 def write_plot(rows: list[dict], out: Path) -> None:
     ok = greedy_ok(rows, "DDTREE")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    graph_settings = sorted({str(r["cuda_graph"]) for r in ok})
+    graph_settings = sorted({(str(r["cuda_graph"]), overlap(r)) for r in ok})
     levels = sorted({int(r.get("concurrency") or 0) for r in ok})
     for cap, graphs, level in itertools.product(sorted({r["topk_cap"] for r in ok}), graph_settings, levels):
-        pts = sorted(((int(r["budget"]), r) for r in ok if r["topk_cap"] == cap and str(r["cuda_graph"]) == graphs
-                      and int(r.get("concurrency") or 0) == level), key=lambda p: p[0])
+        pts = sorted(((int(r["budget"]), r) for r in ok if r["topk_cap"] == cap
+                      and (str(r["cuda_graph"]), overlap(r)) == graphs and int(r.get("concurrency") or 0) == level),
+                     key=lambda p: p[0])
         if pts:
-            label = (f"cap {cap}" + ("" if len(graph_settings) == 1 else f", graphs {graphs}")
+            label = (f"cap {cap}" + ("" if len(graph_settings) == 1 else f", graphs {graphs[0]}, overlap {graphs[1]}")
                      + ("" if len(levels) == 1 else f", {level} at once"))
             ax1.plot([b for b, _ in pts], [r.get("server_accept_length") or r["accept_length"] or 0 for _, r in pts],
                      marker="o", label=label)
             ax2.plot([b for b, _ in pts], [speed(r) for _, r in pts], marker="o", label=label)
     for ref, style in (("DFLASH", "--"), ("NONE", ":")):
         for r in greedy_ok(rows, ref):
-            label = (ref + ("" if len(graph_settings) <= 1 else f", graphs {r['cuda_graph']}")
+            label = (ref + ("" if len(graph_settings) <= 1 else f", graphs {r['cuda_graph']}, overlap {overlap(r)}")
                      + ("" if len(levels) <= 1 else f", {r.get('concurrency')} at once"))
             ax2.axhline(speed(r), linestyle=style, color="black", label=label)
             if ref == "DFLASH" and (r.get("server_accept_length") or r.get("accept_length")):

@@ -49,9 +49,22 @@ def level_pairs(w_prev: int, k: int, budget: int, device: torch.device) -> tuple
     if hit is not None:
         return hit
     ii, jj = _pair_lists(w_prev, k, budget)
-    pair = (torch.tensor(ii, dtype=torch.int64).to(device), torch.tensor(jj, dtype=torch.int64).to(device))
+    pair = (_to_device(ii, device), _to_device(jj, device))
     _PAIR_TENSORS[key] = pair
     return pair
+
+
+_PINNED: list[torch.Tensor] = []     # host sources of copies in flight (a pinned copy may outlive the call)
+
+
+def _to_device(values: list[int] | tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """int64 [n] on `device`; to a GPU through pinned memory without waiting (a pageable copy blocks the host)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    host = host.pin_memory()
+    _PINNED.append(host)
+    return host.to(device, non_blocking=True)
 
 
 def order_key(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -122,9 +122,11 @@ def test_the_readme_shows_the_production_command_line_as_rendered(tmp_path, vaul
     assert f"```\n{rendered}\n```" in (ROOT / "README.md").read_text()
 
 
-def test_production_dflash_fallback_drops_exactly_the_two_ddtree_flags(tmp_path, vault_pass):
+def test_production_dflash_fallback_drops_exactly_the_two_ddtree_flags_and_the_overlap_switch(tmp_path, vault_pass):
+    """...and runs SGLang's overlap scheduler (its default; k26_overlap_schedule auto keeps it off for DDTREE only)."""
     files = render("production", tmp_path, vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "DFLASH"}))
-    flags = [f.replace("DDTREE", "DFLASH") for f in PRODUCTION_FLAGS if "--speculative-ddtree" not in f]
+    flags = [f.replace("DDTREE", "DFLASH") for f in PRODUCTION_FLAGS
+             if "--speculative-ddtree" not in f and f != "--disable-overlap-schedule"]
     assert exec_flags(files["k26-gpu-01.service"]) == flags
 
 
@@ -133,7 +135,7 @@ def test_production_none_fallback_renders_no_speculative_flag(tmp_path, vault_pa
     dies on the first finished request (GPU test bed, 2026-12-01): NONE is SGLang's default, no flag."""
     files = render("production", tmp_path, vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "NONE"}))
     flags = exec_flags(files["k26-gpu-01.service"])
-    assert flags == [f for f in PRODUCTION_FLAGS if not f.startswith("--speculative")]
+    assert flags == [f for f in PRODUCTION_FLAGS if not f.startswith("--speculative") and f != "--disable-overlap-schedule"]
     # ddtree-serve defaults to DDTREE, so the sandbox's NONE keeps the flag
     (tmp_path / "s").mkdir()
     sandbox = render("sandbox", tmp_path / "s", vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "NONE"}))
@@ -157,6 +159,19 @@ def test_rendered_flags_follow_graphs_and_budget(tmp_path, vault_pass, graphs, b
     assert ("--cuda-graph-max-bs-decode 48" in flags) == graphs
     assert ("--cuda-graph-backend-decode disabled" in flags) == (not graphs)
     assert len([f for f in flags if f.startswith("--speculative-ddtree-budget")]) == 1
+
+
+@pytest.mark.parametrize("algorithm,overlap,disabled", [     # auto: the production example and the two tests above
+    ("DFLASH", False, True), ("NONE", "false", True), ("DDTREE", "true", False), ("DDTREE", True, False)])
+def test_the_overlap_scheduler_is_sglangs_default_but_for_ddtree_unless_set(tmp_path, vault_pass, algorithm, overlap,
+                                                                             disabled):
+    """auto: SGLang's default (overlap on) for NONE and DFLASH, off for DDTREE until issue 35 is proven; the
+    operator's true or false (YAML bools or strings) for every algorithm."""
+    files = render("production", tmp_path, vault_pass, "-e",
+                   json.dumps({"k26_speculative_algorithm": algorithm, "k26_overlap_schedule": overlap}))
+    flags = exec_flags(files["k26-gpu-01.service"])
+    assert ("--disable-overlap-schedule" in flags) == disabled
+    assert f"--speculative-algorithm {algorithm}" in flags or algorithm == "NONE"
 
 
 def test_sandbox_unit_runs_ddtree_serve(tmp_path, vault_pass):
@@ -217,6 +232,11 @@ BAD_PREFLIGHT = [
     ({"k26_min_free_disk_gb": 10**9}, "k26_min_free_disk_gb=1000000000"),
     ({"k26_min_driver_version": "R580"}, "k26_min_driver_version=R580 is invalid: expected a version"),
     ({"k26_nccl_p2p": "maybe"}, "k26_nccl_p2p=maybe is invalid: expected auto"),
+    ({"k26_overlap_schedule": "sometimes"}, "k26_overlap_schedule=sometimes is invalid: expected auto, true or false"),
+    ({"k26_overlap_schedule": True}, "k26_overlap_schedule=true is invalid with k26_server_kind=reference"),
+    ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_overlap_schedule": "true",
+      "k26_service_env": {"SGLANG_DDTREE_OVERLAP": "0"}},
+     "k26_overlap_schedule=true with k26_speculative_algorithm=DDTREE: the GPU test bed has not yet shown DDTREE lossless"),
     ({"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": 2, "k26_ddtree_topk_cap": 1},
      "k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4: the draft's block must fit in the verify window"),
     # a schedule by running batch size (ddtree-serve's): its form, and the rules at every batch size
@@ -227,7 +247,8 @@ BAD_PREFLIGHT = [
     ({"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "1:32,8:2", "k26_ddtree_topk_cap": 1},
      "from batch size 8: k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4"),
     ({"k26_server_kind": "sglang", "k26_ddtree_budget": "1:32,8:16", "k26_attention_backend": "triton"},
-     "a schedule by running batch size is taken by ddtree-serve (k26_server_kind: reference)"),
+     "a schedule by running batch size is taken by ddtree-serve (k26_server_kind: reference); the SGLang plugin takes "
+     'one only with SGLANG_DDTREE_SCHEDULE: "1" in k26_service_env'),
     ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_attention_backend": "fa3"},
      "k26_attention_backend=fa3 cannot verify a DDTree with sglang"),
     ({"k26_api_key": ""}, "k26_api_key is empty: the server would run without authentication"),
@@ -303,10 +324,25 @@ def test_preflight_passes_sglang_with_the_chain(tmp_path, sglang_pair_dir):
     assert r.returncode == 0, r.stdout[-3000:]
 
 
-def test_preflight_passes_sglang_with_ddtree(tmp_path, sglang_pair_dir):
+@pytest.mark.parametrize("switched", [
+    {}, {"k26_overlap_schedule": True, "k26_ddtree_budget": "1:8,4:3", "k26_ddtree_topk_cap": "1:4,4:1",
+         "k26_service_env": {"SGLANG_DDTREE_OVERLAP": "1", "SGLANG_DDTREE_SCHEDULE": "1"}}])
+def test_preflight_passes_sglang_with_ddtree(tmp_path, sglang_pair_dir, switched):
+    """...and DDTREE under the overlap scheduler and with a width schedule, each with the plugin's own switch in
+    the service's environment (both not yet run on the GPU test bed)."""
     r = preflight(tmp_path, sglang_pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE",
-                                              "k26_ddtree_budget": 3, "k26_ddtree_topk_cap": 1})
+                                              "k26_ddtree_budget": 3, "k26_ddtree_topk_cap": 1, **switched})
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_preflight_names_the_plugins_own_switches():
+    from ddtree.sglang.settings import ENV_OVERLAP, ENV_SCHEDULE
+
+    relations = (ROOT / "roles/preflight/tasks/relations.yml").read_text()
+    for name in (ENV_OVERLAP, ENV_SCHEDULE):
+        assert f"get('{name}', '')" in relations, name
+    # the sweep runs preflight's settings checks under each overlap setting; its schedule write reads the switch
+    assert f"get('{ENV_SCHEDULE}', '')" in (ROOT / "playbooks/sweep.yml").read_text()
 
 
 def test_preflight_refuses_an_sglang_draft_on_the_targets_last_layer(tmp_path, pair_dir):

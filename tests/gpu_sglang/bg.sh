@@ -2,8 +2,8 @@
 # A GPU job longer than one device call (10 minutes at most): the job runs in a process session of
 # its own, which outlives the call while the machine stays warm, and later calls wait for it.
 #   tests/gpu_sglang/bg.sh start CMD...     start CMD in the background and return (log: $BG/log)
-#   tests/gpu_sglang/bg.sh wait SECONDS     wait up to SECONDS; print the log's tail; once the job
-#                                           has ended, copy what it left in $BG/out to $OUT
+#   tests/gpu_sglang/bg.sh wait SECONDS     wait up to SECONDS; print the log's tail; copy what the job
+#                                           has left in $BG/out so far to $OUT
 # CMD sees OUT=$BG/out (run.sh copies its table, results and logs there).
 set -u
 BG=${BG:-/tmp/ddtree-bg}
@@ -14,12 +14,22 @@ case ${1:-} in
     OUT="$BG/out" setsid nohup bash -c '"$@"; echo $? > "$0/rc"' "$BG" "$@" > "$BG/log" 2>&1 < /dev/null &
     echo "[bg] started $* (pid $!)" ;;
   wait)
+    if [ ! -f "$BG/log" ]; then     # a fresh machine: the one that ran the job was given back
+      echo "[bg] no job on this machine ($BG/log is missing): the machine that ran it was given back" >&2; exit 3
+    fi
     deadline=$(( $(date +%s) + ${2:?seconds} ))
     while [ ! -f "$BG/rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     tail -c 8000 "$BG/log"
+    # what the job has finished so far comes back with every wait: a session's device time can end mid-job;
+    # so do the tables of parts still running, in one archive running.tgz (run.sh's OUTDIR and decide.sh's
+    # folders under /tmp/ddtree-*: results.md / results.json after each test, node-check.md)
+    if [ -n "${OUT:-}" ]; then
+      cp "$BG"/out/* "$OUT"/ 2>/dev/null
+      running=$(ls /tmp/ddtree-*/results.md /tmp/ddtree-*/results.json /tmp/ddtree-*/node-check.md 2>/dev/null)
+      [ -n "$running" ] && tar czf "$OUT/running.tgz" $running 2>/dev/null
+    fi
     if [ -f "$BG/rc" ]; then
       echo "[bg] ended, rc $(cat "$BG/rc")"
-      [ -n "${OUT:-}" ] && cp "$BG"/out/* "$OUT"/ 2>/dev/null
       exit "$(cat "$BG/rc")"
     fi
     echo "[bg] still running after $2 s" ;;

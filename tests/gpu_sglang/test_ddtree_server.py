@@ -26,6 +26,7 @@ from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
 from tests.helpers import two_sample_chi_square_pvalue
+from tests.gpu_sglang.referee import Referee, bf16_served_pair, judge, target_referee  # noqa: E402
 
 pytestmark = pytest.mark.sglang_gpu
 
@@ -59,12 +60,6 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-# Plain decoding's own top-2 log-prob gap below which a bf16 near tie may flip between kernels
-# (the verify pass attends over N tokens at once, the plain decode step over one): 2 bf16 ulps of a
-# log-prob between 4 and 8. Larger gaps are real differences.
-NEAR_TIE = 0.0625
-
-
 def top2(server: harness.Server, context: list[int]) -> tuple[float, set[int]]:
     """Plain decoding's next-token log-prob gap between its two best tokens, and those two tokens."""
     r = server.generate(context, harness.greedy(1), return_logprob=True, top_logprobs_num=2)
@@ -73,29 +68,25 @@ def top2(server: harness.Server, context: list[int]) -> tuple[float, set[int]]:
 
 
 def near_ties_against_plain(plain: harness.Server, prompt: list[int], want: list[int], have: list[int],
-                            limit: int = 4, exact=None) -> tuple[list, str | None]:
-    """Walk `have` (a DDTREE output) against plain decoding `want`. At a divergence, plain decoding's
-    top-2 gap must be a near tie and DDTREE's token one of its two best - or, with `exact` (context ->
-    the token the model picks without bf16's rounding: the reference engine in float32), DDTREE's token
-    must be that exact choice; then plain decoding is re-anchored on DDTREE's prefix and must give
-    DDTREE's remaining tokens, and so on. Returns the partings met (the gap; ("exact", gap) where the
-    exact model sided with DDTREE past a near tie) and the first real difference (None if none)."""
-    gaps = []
+                            limit: int = 4, exact: Referee | None = None) -> tuple[list, str | None]:
+    """Walk `have` (a speculative output) against plain decoding `want`. Each parting is judged by
+    referee.judge (a bf16 near tie of plain decoding's own; with `exact`, the float32 model's verdict);
+    a passed one re-anchors plain decoding on `have`'s prefix, which must then give `have`'s remaining
+    tokens, and so on. Returns the partings met (Parting.record: the bf16 gap of a near tie, else
+    (kind, bf16 gap, float32 gap)) and the first real difference (None if none)."""
+    partings = []
     while (at := first_divergence(want, have)) < len(have):
-        gap, best = top2(plain, prompt + have[:at])
-        if gap <= NEAR_TIE and have[at] in best:
-            gaps.append(round(gap, 5))
-        elif exact is not None and exact(prompt + have[:at]) == have[at]:
-            gaps.append(("exact", round(gap, 5)))
-        else:
-            gaps.append(round(gap, 5))
-            return gaps, (f"position {at}: token {have[at]} where plain decoding's top-2 gap is {gap:.4f}"
-                          + ("" if exact is None else f" and the float32 model picks {exact(prompt + have[:at])}"))
-        if len(gaps) > limit:
-            return gaps, f"more than {limit} near ties"
+        context = prompt + have[:at]
+        gap, best = top2(plain, context)
+        parting = judge(at, want[at], have[at], gap, best, None if exact is None else lambda: exact.logprobs(context))
+        partings.append(parting.record() if parting.passed else round(gap, 5))
+        if not parting.passed:
+            return partings, parting.reason()
+        if len(partings) > limit:
+            return partings, f"more than {limit} near ties"
         rest = plain.generate(prompt + have[:at + 1], harness.greedy(len(have) - at - 1))["output_ids"]
         want = have[:at + 1] + rest
-    return gaps, None
+    return partings, None
 
 
 def compare_with_plain(plain: harness.Server, prompts: list[list[int]], want: list[list[int]],
@@ -121,39 +112,27 @@ def reference():
     what SGLang computes, without SGLang's bf16 activations."""
     import os
 
-    import torch
-
-    from ddtree.reference.pair import load_pair
-
-    pair = load_pair(Path(os.environ["SGLANG_DDTREE_REF"]), device="cuda", dtype=torch.float32)
-    with torch.no_grad():
-        for model in (pair.target, pair.draft):
-            for p in model.parameters():
-                p.copy_(p.to(torch.bfloat16).float())
-    return pair
+    return bf16_served_pair(Path(os.environ["SGLANG_DDTREE_REF"]), "cuda")
 
 
 def is_moe(reference) -> bool:
-    return bool(getattr(reference.target.config, "n_routed_experts", 0))
+    """A target whose expert routing is a choice bf16 rounding can flip: MoE layers (first_k_dense_replace below the
+    layer count) choosing fewer experts than there are. The Kimi-shaped pairs with dense MLPs or with every expert
+    active (bench/train_pair.py kimi-dense, kimi-allexp) keep the dense pair's strict rule (issue 44)."""
+    cfg = reference.target.config
+    experts = int(getattr(cfg, "n_routed_experts", 0) or 0)
+    moe_layers = cfg.num_hidden_layers - int(getattr(cfg, "first_k_dense_replace", 0) or 0)
+    return experts > 0 and moe_layers > 0 and int(cfg.num_experts_per_tok) < experts
 
 
 @pytest.fixture(scope="session")
 def exact(reference):
-    """context -> the token the target picks in float32 (the reference engine, the export's bf16 weights), for
+    """The float32 referee of a parting (referee.py): the reference engine with the export's bf16 weights, for
     a mixture-of-experts target only: there SGLang's own paths part from plain one-at-a-time decoding well
     past one bf16 step (on the Kimi-shaped pair, H200 2026-12-02: DFLASH at a plain top-2 gap of 0.59, NONE
     with the radix cache at 0.094), so a parting is judged by the model without bf16's rounding. A dense
     target keeps the strict near-tie rule (None)."""
-    import torch
-
-    if not is_moe(reference):
-        return None
-
-    def choice(context: list[int]) -> int:
-        with torch.no_grad():
-            logits = reference.target.forward_sequence(torch.tensor([context], device="cuda")).logits[0, -1]
-        return int(logits.argmax())
-    return choice
+    return target_referee(reference.target, "cuda") if is_moe(reference) else None
 
 
 def test_export_gives_the_reference_targets_next_token_logprobs(fleet, prompts, reference, record_property):
@@ -220,7 +199,7 @@ def test_ddtree_greedy_equals_no_speculation(fleet, name, prompts, none_greedy, 
         ties += gaps
         wrong += [(mode, i, difference) for i, difference in differences]
     record_property("identical to NONE", f"{identical}/{2 * len(prompts)}")
-    record_property("partings re-anchored (NONE's top-2 gap; 'exact': the float32 model's choice)", ties)
+    record_property("partings re-anchored (NONE's top-2 gap; else (verdict, that gap, float32 gap): referee.py)", ties)
     record_property("real differences", wrong)
     assert not wrong
     assert mean_accept(one_by_one) > 1.5, "a trained pair must accept well above one token per step"

@@ -3,8 +3,8 @@
 Runs on the Kimi-shaped pair (tests/gpu_sglang/run.sh with SIZE=kimi: MLA at Kimi's latent widths, MoE with a
 shared expert and noaux_tc routing, YaRN; exported as DeepseekV3ForCausalLM in target/, as the KimiK25 wrapper
 in target-wrapper/, with INT4 routed experts in target-int4/); skipped on a pair without MLA. Each test
-compares with plain decoding as test_ddtree_server does (identical, or where they part a bf16 near tie or the
-float32 model's own choice, then re-anchored):
+compares with plain decoding as test_ddtree_server does (identical, or where they part a bf16 near tie, the
+float32 model's own choice or a near tie of the float32 model: tests/gpu_sglang/referee.py; then re-anchored):
 - the radix cache (Python tree core, SGLang's strict idle pool check): shared system prompts, a multi-turn
   chat that extends a cached answer, a prompt equal to an earlier prompt + its answer - the tokens of the
   no-cache server, prefix hits seen, and after the load SGLang's own count of used KV slots back at its
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu_sglang.referee import int4_served_target, target_referee
 from tests.gpu_sglang.test_ddtree_server import exact, none_greedy, reference  # noqa: F401  (fixtures)
 from tests.gpu_sglang.test_ddtree_server import compare_with_plain, mean_accept, outputs, ready
 from tests.helpers import import_bench
@@ -53,17 +54,19 @@ WRAPPER = ("none-wrapper", "ddtree-b32-c8-graphs-wrapper")
 INT4_RUNNERS = {"marlin": "", "triton": "-moetriton"}
 # SGLang's deterministic inference: fixed MoE tile configs and attention split sizes whatever the batch
 # (NONE's takes custom logit processors too: the reference of the per-node processor test)
-DETERMINISTIC = ("none-det-clp", "dflash-det", "ddtree-b32-c8-graphs-det")
-# per-node penalties and custom logit processors served (SGLANG_DDTREE_PENALTIES=1, SGLANG_DDTREE_PROCESSORS=1)
-PENALISED = "ddtree-b32-c8-graphs-det-pen-clp"
-LOGPROBS = "ddtree-b32-c8-graphs-det-lp"            # output logprobs served (SGLANG_DDTREE_LOGPROBS=1)
+# DDTREE's serves per-node penalties, output logprobs and custom logit processors (SGLANG_DDTREE_PENALTIES=1,
+# SGLANG_DDTREE_LOGPROBS=1, SGLANG_DDTREE_PROCESSORS=1): one server for the plain, penalty, logprob and processor
+# tests (a request without those fields takes the plain path), one start instead of three
+# -tok: SGLang 0.5.23 refuses min_new_tokens on a server that skips its tokenizer (the H200 run of 2026-12-03)
+DETERMINISTIC = ("none-det-clp-tok", "dflash-det-tok", "ddtree-b32-c8-graphs-det-pen-lp-clp-tok")
+PENALISED = LOGPROBS = DETERMINISTIC[2]
 KIMI_SERVERS = (*RADIX, *WRAPPER, *(f"{a}-int4{r}" for r in INT4_RUNNERS.values()
-                                   for a in ("none", "ddtree-b32-c8-graphs")), *DETERMINISTIC, PENALISED, LOGPROBS)
+                                   for a in ("none", "ddtree-b32-c8-graphs")), *DETERMINISTIC)
 
 
 def compare_modes(plain, tree, prompts, want, record_property, exact, label=""):
     """The tree server one request at a time and 8 at once against plain decoding's `want` (partings judged
-    as in test_ddtree_server: a near tie, or the float32 model's own choice)."""
+    by referee.judge: a bf16 near tie, the float32 model's own choice or a float32 near tie)."""
     one = tree.complete_all(prompts, harness.greedy(), 1)
     eight = tree.complete_all(prompts, harness.greedy(), 8)
     identical, ties, wrong = 0, [], []
@@ -163,26 +166,10 @@ def test_kimi_wrapper_decodes_ddtree_as_its_language_model(fleet, prompts, none_
 
 @pytest.fixture(scope="session")
 def int4_exact():
-    """context -> the token the INT4 checkpoint's model picks in float32: the trained target as the export read
-    it, each routed expert's weight replaced by what the INT4 export serves (its INT4 values times its bf16
-    scales, from the float32 weights as the export quantized them) and every other weight rounded to bf16."""
-    import torch
-
-    from ddtree.reference.export import int4_roundtrip
-    from ddtree.reference.pair import load_pair
-
-    target = load_pair(Path(os.environ["SGLANG_DDTREE_REF"]), device="cuda", dtype=torch.float32).target
-    with torch.no_grad():
-        served = {id(getattr(expert, name).weight): int4_roundtrip(getattr(expert, name).weight)
-                  for layer in target.layers for expert in getattr(layer.mlp, "experts", [])
-                  for name in ("gate_proj", "up_proj", "down_proj")}
-        for p in target.parameters():
-            p.copy_(served[id(p)].to(p.device) if id(p) in served else p.to(torch.bfloat16).float())
-
-    def choice(context: list[int]) -> int:
-        with torch.no_grad():
-            return int(target.forward_sequence(torch.tensor([context], device="cuda")).logits[0, -1].argmax())
-    return choice
+    """The float32 referee of the INT4 checkpoint (referee.py): the trained target as the export read it, each
+    routed expert's weight replaced by what the INT4 export serves, every other weight rounded to bf16."""
+    target = int4_served_target(Path(os.environ["SGLANG_DDTREE_REF"]), "cuda")
+    return target_referee(target, "cuda")
 
 
 @pytest.mark.parametrize("runner", list(INT4_RUNNERS))
@@ -367,27 +354,40 @@ LOGPROB_TOLERANCE = 0.1    # nats: bf16 logits over a verify pass against a deco
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_output_logprobs_equal_nones(fleet, prompts, concurrency, record_property):
     """Greedy with return_logprob and 5 top logprobs: on every token where DDTREE's answer equals NONE's (both
-    with deterministic inference), its logprob and top-5 equal NONE's within LOGPROB_TOLERANCE; every emitted
-    token has one."""
-    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, LOGPROBS)
+    with deterministic inference), its logprob and top-5 are as close to NONE's as SGLang's own DFLASH's are (the
+    control, same numerics: a verify pass's logits against a decode step's; at most twice its largest difference
+    + 0.02, and within LOGPROB_TOLERANCE); every emitted token has one. (The H200 run of 2026-12-03 saw DDTREE at
+    max 0.25 / top-5 0.78 on the top-2-of-8 pair with no control beside it.)"""
+    plain, tree, control = ready(fleet, DETERMINISTIC[0]), ready(fleet, LOGPROBS), ready(fleet, DETERMINISTIC[1])
     asks = {"return_logprob": True, "top_logprobs_num": 5}
 
     def run(server, conc):
         with ThreadPoolExecutor(max_workers=conc) as pool:
             return list(pool.map(lambda p: server.generate(p, harness.greedy(64), **asks), prompts))
-    want, got = run(plain, 1), run(tree, concurrency)
-    diffs, top_diffs, compared = [], [], 0
-    for w, g in zip(want, got):
-        wl, gl = w["meta_info"]["output_token_logprobs"], g["meta_info"]["output_token_logprobs"]
-        assert len(gl) == len(g["output_ids"]), "a committed token without its logprob"
-        same = next((i for i, (a, b) in enumerate(zip(w["output_ids"], g["output_ids"])) if a != b),
-                    len(g["output_ids"]))
-        compared += same
-        diffs += [abs(a[0] - b[0]) for a, b in zip(wl[:same], gl[:same])]
-        for a, b in zip(w["meta_info"]["output_top_logprobs"][:same], g["meta_info"]["output_top_logprobs"][:same]):
-            top_diffs += [abs(x[0] - y[0]) for x, y in zip(a, b) if x[1] == y[1]]
+
+    want = run(plain, 1)
+
+    def against_none(got) -> tuple[list[float], list[float], int]:
+        diffs, top_diffs, compared = [], [], 0
+        for w, g in zip(want, got):
+            wl, gl = w["meta_info"]["output_token_logprobs"], g["meta_info"]["output_token_logprobs"]
+            assert len(gl) == len(g["output_ids"]), "a committed token without its logprob"
+            same = next((i for i, (a, b) in enumerate(zip(w["output_ids"], g["output_ids"])) if a != b),
+                        len(g["output_ids"]))
+            compared += same
+            diffs += [abs(a[0] - b[0]) for a, b in zip(wl[:same], gl[:same])]
+            tops = zip(w["meta_info"]["output_top_logprobs"][:same], g["meta_info"]["output_top_logprobs"][:same])
+            for a, b in tops:
+                top_diffs += [abs(x[0] - y[0]) for x, y in zip(a, b) if x[1] == y[1]]
+        return diffs, top_diffs, compared
+
+    diffs, top_diffs, compared = against_none(run(tree, concurrency))
+    control_diffs, control_top, _ = against_none(run(control, 1))
+    bound = min(LOGPROB_TOLERANCE, 2 * max(control_diffs + control_top, default=0.0) + 0.02)
     record_property("tokens compared", compared)
     record_property("|dlogprob| mean / max", f"{sum(diffs) / len(diffs):.4f} / {max(diffs):.4f}")
     record_property("top-5 |dlogprob| max (same ids)", f"{max(top_diffs):.4f}")
+    record_property("DFLASH (control) |dlogprob| max / top-5 max",
+                    f"{max(control_diffs, default=0):.4f} / {max(control_top, default=0):.4f}")
     assert compared > len(prompts) * 16
-    assert max(diffs) < LOGPROB_TOLERANCE and max(top_diffs) < LOGPROB_TOLERANCE
+    assert max(diffs) <= bound and max(top_diffs) <= bound, bound

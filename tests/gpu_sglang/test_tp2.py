@@ -26,7 +26,8 @@ import statistics
 import pytest
 import torch
 
-from tests.gpu_sglang.test_ddtree_server import NEAR_TIE, compare_with_plain, first_divergence, outputs, ready, top2
+from tests.gpu_sglang.referee import NEAR_TIE
+from tests.gpu_sglang.test_ddtree_server import compare_with_plain, first_divergence, outputs, ready, top2
 from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")

@@ -60,6 +60,13 @@ def guest(cmd: str, check: bool = True, host: str = "k26-sandbox") -> subprocess
                           text=True, timeout=120, check=check)
 
 
+def not_waited_for(play: Play, host: str = "k26-sandbox", lock_dir: str = "/run/k26-deploy") -> bool:
+    """A play refused by a held lock gave up instead of waiting its holder out: it failed, and the lock was
+    still held when it ended (what "fails fast" means, with no bound on how fast this machine is today)."""
+    held = guest(f"flock -n {lock_dir}/lock true", host=host, check=False).returncode != 0
+    return play.rc != 0 and held
+
+
 def current_release(host) -> str:
     """The release folder `/opt/k26/current` points at (the last one that passed health and smoke)."""
     return host.check_output("readlink -f /opt/k26/current")
@@ -90,14 +97,36 @@ def sandbox_up():
     return SANDBOX
 
 
+SERVICE_STARTS: dict[str, str] = {}   # the service's main PID and start time after each converge
+
+
+def service_start() -> str:
+    """k26-ddtree's main PID and the monotonic time it started: a restart changes both."""
+    return guest("systemctl show k26-ddtree -p MainPID -p ExecMainStartTimestampMonotonic --value", check=False).stdout
+
+
 @pytest.fixture(scope="session")
 def converged(sandbox_up) -> tuple[Play, Play]:
     JOURNAL["start"] = journal_cursor()
     first = deploy()
     assert first.rc == 0, first.out[-5000:]
+    SERVICE_STARTS["first"] = service_start()
     second = deploy()
     assert second.rc == 0, second.out[-5000:]
+    SERVICE_STARTS["second"] = service_start()
     return first, second
+
+
+@pytest.fixture(scope="session")
+def fleet_deployed(converged) -> Play:
+    """The whole sandbox fleet deployed once, with deploy.yml's monitoring play: the gateway host and the second
+    server join the converged first one, every host gets its node exporter and the monitor host Prometheus and
+    Alertmanager. test_monitoring.py (first) and test_fleet.py share it (one fleet deploy instead of two: issue 43);
+    the fleet's later rolls leave the monitoring play out, and it keeps running."""
+    play = deploy(fleet=True, monitoring=True)
+    assert play.rc == 0, play.out[-5000:]
+    assert "gateway healthy on port 30080: 2 workers ready" in play.out
+    return play
 
 
 @pytest.fixture(scope="session")
@@ -108,8 +137,10 @@ def host(converged):
 
 
 def pytest_collection_modifyitems(config, items):
-    """tests/infra/test_fleet.py runs after the single-host tests (its rolls change the first server's
-    settings), then test_monitoring.py (the monitor host's Prometheus over the fleet), and test_secrets.py last: it searches everything the other tests left behind (the
-    journal after deploys, verifies, sweeps, validations and rolls; the snapshot and rollback folders)."""
-    order = {"test_fleet.py": 1, "test_monitoring.py": 2, "test_secrets.py": 3}
+    """The single-host tests first, the crash sample last among them (the fleet deploy after it renders the
+    inventory's settings on its host again); then tests/infra/test_monitoring.py (on the freshly deployed fleet)
+    and test_fleet.py (its rolls change the first server's settings), sharing one fleet deploy (fleet_deployed);
+    and test_secrets.py last: it searches everything the other tests left behind (the journal after deploys,
+    verifies, sweeps, validations and rolls; the snapshot and rollback folders)."""
+    order = {"test_crash.py": 0.5, "test_monitoring.py": 1, "test_fleet.py": 2, "test_secrets.py": 3}
     items.sort(key=lambda item: order.get(item.fspath.basename, 0))

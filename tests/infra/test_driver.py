@@ -78,6 +78,7 @@ def no_driver_after(converged):
     assert play.rc == 0, play.out[-3000:]
 
 
+@pytest.mark.extended
 def test_a_missing_driver_fails_preflight_unless_the_deploy_installs_it(no_driver_after, tmp_path):
     assert guest("command -v nvidia-smi", check=False).returncode != 0
     pid = guest("systemctl show -p MainPID --value k26-ddtree").stdout.strip()

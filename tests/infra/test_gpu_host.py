@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from .conftest import current_release, deploy
 from .test_sandbox_host import service_state
 
@@ -68,6 +70,7 @@ def test_the_report_says_gpu_facts_were_skipped(host, converged):
     assert "NCCL_P2P_DISABLE" not in host.file("/etc/k26/gpu-host.env").content_string
 
 
+@pytest.mark.extended
 def test_p2p_false_writes_the_nccl_switch_and_restarts_then_auto_removes_it(host, tmp_path, converged):
     pid_before = host.check_output("systemctl show -p MainPID --value k26-ddtree")
     play = deploy("-e", "k26_nccl_p2p=false", tmp=tmp_path)

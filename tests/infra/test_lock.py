@@ -78,7 +78,7 @@ def test_another_controllers_lock_fails_fast_and_expires_at_its_ttl(converged, t
           f"do sleep 1 9>&-; done' </dev/null >/dev/null 2>&1 &")
     play = deploy(tmp=tmp_path, playbook="tests/infra/plays/lock_only.yml")
     assert play.rc != 0 and "another play holds /run/k26-deploy/lock" in play.out
-    assert "someone-else@elsewhere" in play.out and play.seconds < 60
+    assert "someone-else@elsewhere" in play.out        # refused, not served after the holder's 6 s
     time.sleep(7)
     assert lock_is_free()
     guest(f"rm -f {LOCK_DIR}/token.feed")

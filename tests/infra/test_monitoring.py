@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from .conftest import deploy, guest
+from .conftest import guest
 
 PROMETHEUS = "http://127.0.0.1:9090"
 ALERTMANAGER = "http://127.0.0.1:9093"
@@ -70,7 +70,7 @@ class Receiver:
                 return found
             time.sleep(0.5)
         raise AssertionError(f"{name} {labels} {status}: not received within {timeout} s; got {self.alerts}; "
-                             f"Prometheus: {alerts()}")
+                             f"Prometheus: {alerts()}; Alertmanager: {alertmanager_view()}")
 
 
 def query(expr: str) -> list[dict]:
@@ -88,6 +88,13 @@ def alerts() -> list[dict]:
     return httpx.get(PROMETHEUS + "/api/v1/alerts", timeout=10).json()["data"]["alerts"]
 
 
+def alertmanager_view() -> str:
+    """What Alertmanager holds and its last log lines (why a notification did not come)."""
+    held = httpx.get(ALERTMANAGER + "/api/v2/alerts", timeout=10).text
+    log = guest("journalctl -u k26-alertmanager -n 30 --no-pager", host="k26-gateway", check=False).stdout
+    return f"{held}\n{log}"
+
+
 def wait_for(ok, timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
     while not ok():
@@ -96,11 +103,9 @@ def wait_for(ok, timeout: float, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def monitored(converged):
-    # the other modules' deploys leave monitoring out (conftest.deploy): this roll of the whole fleet
-    # gives every server host its exporters and the gateway (the monitor host) Prometheus and Alertmanager
-    play = deploy(fleet=True, monitoring=True)
-    assert play.rc == 0, play.out[-5000:]
+def monitored(fleet_deployed):
+    # the session's fleet deploy with the monitoring play (conftest.fleet_deployed; the other deploys leave it out):
+    # every server host has its exporters and the gateway (the monitor host) Prometheus and Alertmanager
     receiver = Receiver()
     yield receiver
     receiver.server.shutdown()
@@ -156,13 +161,15 @@ def test_a_held_host_lock_shows_as_maintenance(monitored):
     try:
         wait_for(lambda: value('k26_maintenance{host="sandbox2"}') == 1, 4 * SCRAPE + 15, "maintenance seen")
         # held since January with a 60 s TTL: past its TTL, which K26LockHeldTooLong fires on (no `for`)
-        monitored.wait("K26LockHeldTooLong", "firing", 4 * SCRAPE + GROUP_WAIT + 15, host="sandbox2", lock="host")
+        # a generous bound (CI's 2 cores also run the CPU lane): what is asserted is that it arrives
+        monitored.wait("K26LockHeldTooLong", "firing", 180, host="sandbox2", lock="host")
     finally:
         guest(f"kill {holder}; rm -f /run/k26-deploy/holder", host="k26-sandbox-2", check=False)
     wait_for(lambda: value('k26_maintenance{host="sandbox2"}') == 0, 4 * SCRAPE + 15, "maintenance over")
     monitored.wait("K26LockHeldTooLong", "resolved", 60, host="sandbox2", lock="host")
 
 
+@pytest.mark.extended
 def test_a_stopped_server_and_a_worker_out_of_the_pool_reach_the_receiver_in_time(monitored):
     t0 = time.monotonic()
     guest("systemctl stop k26-ddtree", host="k26-sandbox-2")

@@ -12,6 +12,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+import pytest
+
 from .conftest import ROOT, current_release, deploy
 
 API_KEY = "sandbox-demo-key"
@@ -58,6 +60,7 @@ def answers_with_the_key(host) -> bool:
     return code == "200"
 
 
+@pytest.mark.extended
 def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
     start = snapshot_of(host)
     assert start["unit_release"] == start["current"]

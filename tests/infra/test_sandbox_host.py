@@ -5,16 +5,22 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import current_release, deploy, guest
+from .conftest import SERVICE_STARTS, current_release, deploy, guest, not_waited_for
 
 API_KEY = "sandbox-demo-key"
 
 
 def test_second_converge_changes_nothing(converged):
+    """Nothing changed and the service was not restarted (its main PID and start time are the first
+    converge's); the re-run's duration is printed, not bounded: on a loaded 2-core machine it varied
+    from under 60 s to 97 s with nothing changed."""
     first, second = converged
     assert second.recap()["changed"] == 0, second.out[-3000:]
-    assert second.seconds <= 60, f"idempotent re-run took {second.seconds:.0f} s"
+    pid, started = SERVICE_STARTS["first"].split()
+    assert int(pid) > 0 and int(started) > 0, SERVICE_STARTS
+    assert SERVICE_STARTS["second"] == SERVICE_STARTS["first"], "the idempotent re-run restarted k26-ddtree"
     assert "healthy on port 30000" in first.out
+    print(f"measured: idempotent re-run {second.seconds:.0f} s (first converge {first.seconds:.0f} s)")
 
 
 def test_no_secret_in_the_play_output(converged):
@@ -114,7 +120,7 @@ def test_a_second_deploy_fails_fast_while_the_lock_is_held(host, tmp_path):
         play = deploy(tmp=tmp_path)
         assert play.rc != 0
         assert "another play holds /run/k26-deploy/lock" in play.out and "test-holder" in play.out
-        assert play.seconds < 60
+        assert not_waited_for(play)
     finally:
         guest(f"kill {holder}", check=False)   # the sleep this test started
     # free again once the holder is gone (the next test's deploy takes it)

@@ -21,9 +21,22 @@ def original_is_running() -> None:
     assert guest("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
 
 
+def sample_of_each_kind(into, count: int = 8) -> str:
+    """A fixed sample of validation/prompts.json: its first prompt of every kind, then the next ones, `count` in all
+    (issue 43: the whole set of 22 is what operators run; the comparison is the same for each prompt)."""
+    prompts = json.loads((ROOT / "validation/prompts.json").read_text())
+    first = {}
+    for p in prompts:
+        first.setdefault(p["kind"], p)
+    chosen = list(first.values()) + [p for p in prompts if p not in first.values()]
+    into.write_text(json.dumps(chosen[:count]))
+    return str(into)
+
+
 def test_validate_passes_with_identical_tokens_and_writes_the_report(converged, tmp_path):
-    # every configuration, every prompt, 16 tokens each (the comparison is token for token)
-    play = deploy(*QUICK, "-e", "validate_max_tokens=16", "-e", f"validate_results_root={tmp_path}", tmp=tmp_path / "a",
+    # every configuration, a prompt of every kind (8 in all), 16 tokens each (the comparison is token for token)
+    play = deploy(*QUICK, "-e", "validate_max_tokens=16", "-e", f"validate_results_root={tmp_path}", "-e",
+                  f"validate_prompts={sample_of_each_kind(tmp_path / 'prompts.json')}", tmp=tmp_path / "a",
                   playbook="playbooks/validate.yml")
     assert play.rc == 0, play.out[-4000:]
     [run] = runs(tmp_path)
@@ -35,7 +48,7 @@ def test_validate_passes_with_identical_tokens_and_writes_the_report(converged, 
     assert set(configs) == {"NONE", "DFLASH", "DDTREE-graphs", "DDTREE-eager"}
     for name in ("DFLASH", "DDTREE-graphs", "DDTREE-eager"):
         statuses = {v["status"] for v in configs[name]["prompts"].values()}
-        assert statuses == {"identical"} and len(configs[name]["prompts"]) >= 20
+        assert statuses == {"identical"} and len(configs[name]["prompts"]) == 8
         assert configs[name]["tokens_per_s_c1"] > 0 and configs[name]["errors"] == 0
     assert (run / "plot.png").read_bytes()[:4] == b"\x89PNG"
     original_is_running()

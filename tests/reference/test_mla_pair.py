@@ -8,23 +8,14 @@ import pytest
 import torch
 
 from ddtree.reference import generate
-from ddtree.reference.config import DraftConfig, TargetConfig
 from ddtree.reference.pair import init_pair
 
-YARN = {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 64, "beta_fast": 1.0, "beta_slow": 1.0,
-        "mscale": 1.0, "mscale_all_dim": 1.0}
+from .conftest import kimi_shaped_configs
 
 
 @pytest.fixture(scope="module")
 def kimi_pair():
-    target = TargetConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                          num_key_value_heads=4, head_dim=48, max_position_embeddings=512, q_lora_rank=32,
-                          kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=24, rope_theta=50000.0,
-                          rope_scaling=YARN, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
-                          moe_intermediate_size=40, first_k_dense_replace=1, routed_scaling_factor=2.5)
-    draft = DraftConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=1, head_dim=8, block_size=4,
-                        target_layer_ids=[0, 1, 2], mask_token_id=258)
-    pair = init_pair(target, draft, seed=11, std=0.08)
+    pair = init_pair(*kimi_shaped_configs(), seed=11, std=0.08)
     pair.target.double()
     pair.draft.double()
     return pair

@@ -74,13 +74,15 @@ def test_sglang_serve_help_prints_before_plugins_load_in_0_5_23():
 
 def rendered_production_args(algorithm: str = "DDTREE") -> list[str]:
     """The ExecStart flags the Ansible template renders for inventory/production (tests/ansible renders both):
-    DDTREE of the example inventory with its two DDTree flags, or the DFLASH fallback without them."""
+    DDTREE of the example inventory with its two DDTree flags, or the DFLASH fallback without them (and with
+    SGLang's overlap scheduler, k26_overlap_schedule auto)."""
     ddtree = ["--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8"] if algorithm == "DDTREE" else []
     flags = ["--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6",
              f"--speculative-algorithm {algorithm}",
              "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
              *ddtree, "--cuda-graph-max-bs-decode 48",
-             "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
+             "--tp 8", "--attention-backend triton", "--trust-remote-code",
+             *(["--disable-overlap-schedule"] if algorithm == "DDTREE" else []),   # auto: SGLang's default otherwise
              "--max-running-requests 48", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
              "--config /etc/k26/k26-ddtree.yaml", "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2",
              "--watchdog-timeout 1800"]
@@ -108,8 +110,9 @@ PARSE = ("import sys, json, os\n"
          "from sglang.srt.server_args import prepare_server_args\n"
          "from ddtree.sglang.plugin import validate_server_args\n"
          "a = prepare_server_args(json.loads(sys.argv[1]))\n"
-         "validate_server_args(a)\n"
-         "print(a.speculative_algorithm, os.environ['SGLANG_DDTREE_BUDGET'], os.environ['SGLANG_DDTREE_TOPK_CAP'],\n"
+         "if a.speculative_algorithm == 'DDTREE': validate_server_args(a)   # SGLang calls it for DDTREE only\n"
+         "print(a.speculative_algorithm, os.environ.get('SGLANG_DDTREE_BUDGET', '-'),\n"
+         "      os.environ.get('SGLANG_DDTREE_TOPK_CAP', '-'),\n"
          "      a.attention_backend, a.tp_size, a.disable_overlap_schedule)\n"
          "from sglang.srt.entrypoints import engine\n"
          "print(a.api_key, engine._server_args_for_logging(a)['api_key'])\n")
@@ -124,7 +127,8 @@ def parse(args: list[str]) -> subprocess.CompletedProcess:
 def test_the_rendered_dflash_fallback_command_line_parses():
     r = parse(rendered_production_args("DFLASH"))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["DFLASH", "32", "8", "triton", "8", "True", API_KEY, "<redacted>"]
+    # SGLang's overlap scheduler on (k26_overlap_schedule auto): a DFLASH server runs it
+    assert r.stdout.split() == ["DFLASH", "32", "8", "triton", "8", "False", API_KEY, "<redacted>"]
 
 
 def test_the_rendered_ddtree_command_line_parses_and_validates():
@@ -208,7 +212,7 @@ def test_invalid_settings_are_rejected_with_the_plugins_message(invalid_outcomes
     assert outcome != "accepted" and message in outcome, outcome
 
 
-OVERRIDES = {"__init__", "forward_batch_generation", "_maybe_build_draft_sampler", "prewarm_sampling"}
+OVERRIDES = {"__init__", "forward_batch_generation", "_maybe_build_draft_sampler", "prewarm_sampling", "init_cuda_graphs"}
 
 
 def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
@@ -489,3 +493,58 @@ def test_a_widths_graphs_cover_its_batch_sizes_padded_as_sglang_pads():
     assert padded_batches(list(range(8, 32)), captured) == [8, 12, 16, 24, 32]
     assert padded_batches([3, 5, 6], captured) == [4, 8]
     assert padded_batches([49], captured) == [] and padded_batches([], captured) == []
+
+
+def test_the_worker_reads_the_running_limit_from_the_settings_sglang_fills_before_it():
+    """SGLang 0.5.23 assigns ModelRunner.max_running_requests only when a memory pool is allocated, which for the
+    target happens after the draft worker is built (every scheduled DDTREE server died of that AttributeError on the
+    H200, 2026-12-03). The worker's construction reads the limit from get_schedule() (ServerArgs' field) instead."""
+    import ast
+    import textwrap
+
+    from sglang.srt import runtime_context
+    from sglang.srt.model_executor import model_runner
+
+    def attribute_uses(cls, store: bool) -> set[str]:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        return {fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) for node in ast.walk(fn)
+                if isinstance(node, ast.Attribute) and node.attr == "max_running_requests"
+                and isinstance(node.ctx, ast.Store) == store}
+
+    setters = attribute_uses(model_runner.ModelRunner, store=True)
+    assert "alloc_memory_pool" in setters and "__init__" not in setters, setters
+    assert "schedule.max_running_requests" in inspect.getsource(runtime_context)      # SGLang's own reader
+    from ddtree.sglang import tree_worker
+
+    readers = attribute_uses(tree_worker.DDTreeWorker, store=False)
+    assert readers & {"__init__", "_ddtree_target_widths", "_ddtree_prewarm_trees"} == set(), readers
+    assert "get_schedule().max_running_requests" in inspect.getsource(tree_worker.DDTreeWorker._ddtree_max_running)
+
+
+def test_the_schedules_width_states_are_built_after_the_targets_graphs():
+    """SGLang 0.5.23 builds the draft worker before any memory pool, attention backend or graph, and captures the
+    target's graphs before the draft's; ModelRunner.decode_cuda_graph_runner first exists in its init_cuda_graphs.
+    So the worker builds its narrower widths (widths.TargetWidths reads the target's graph runner) in its own
+    init_cuda_graphs, after the parent's - the H200 showed the AttributeError of building them in __init__."""
+    import ast
+    import textwrap
+
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.model_executor import model_runner
+
+    from ddtree.sglang import tree_worker
+
+    order = inspect.getsource(Scheduler.init_model_worker)
+    steps = ["self.maybe_init_draft_worker()", "self.init_memory_pools()", "self.init_all_attention_backends()",
+             "self.init_all_cuda_graphs()"]
+    assert [order.index(s) for s in steps] == sorted(order.index(s) for s in steps)
+    graphs = inspect.getsource(Scheduler.init_all_cuda_graphs)
+    assert graphs.index("self.tp_worker.init_cuda_graphs()") < graphs.index("self.draft_worker.init_cuda_graphs()")
+    tree = ast.parse(textwrap.dedent(inspect.getsource(model_runner.ModelRunner)))
+    setters = {fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) for node in ast.walk(fn)
+               if isinstance(node, ast.Attribute) and node.attr == "decode_cuda_graph_runner"
+               and isinstance(node.ctx, ast.Store)}
+    assert "init_cuda_graphs" in setters and "__init__" not in setters, setters
+    worker = inspect.getsource(tree_worker.DDTreeWorker.init_cuda_graphs)
+    assert worker.index("super().init_cuda_graphs()") < worker.index("self._ddtree_target_widths()")
+    assert "_ddtree_target_widths()" not in inspect.getsource(tree_worker.DDTreeWorker.__init__)

@@ -1,4 +1,5 @@
-"""Constrained decoding on DDTREE (issue 33, item 4) with SGLang 0.5.23's own xgrammar backend, on the CPU.
+"""Constrained decoding on DDTREE (issue 33, item 4) with SGLang 0.5.23's own xgrammar backend, on the CPU:
+JSON schema, regex, EBNF and a structural tag.
 
 The grammars are SGLang's XGrammarGrammar objects made by its XGrammarGrammarBackend from the test pair's
 byte tokenizer (the tokenizer.json the export writes). Checked here:
@@ -41,8 +42,13 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age", "tags"], "additionalProperties": False}
 REGEX = r"(yes|no), [0-9]{1,3}( [a-z]{2,5}){2,4}\."
 EBNF = 'root ::= "(" expr ")"\nexpr ::= num | num op expr\nop ::= "+" | "*"\nnum ::= [1-9] [0-9]?'
+# a structural tag in SGLang's (legacy) request form: free text, then a <f>...</f> tag whose body is a JSON
+# object of the schema, at least one (so the answer opens with the tag)
+TAG = {"structures": [{"begin": "<f>", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                  "required": ["n"], "additionalProperties": False}, "end": "</f>"}],
+       "triggers": ["<f"], "at_least_one": True}
 GRAMMARS = {"json": ("dispatch_json", json.dumps(SCHEMA)), "regex": ("dispatch_regex", REGEX),
-            "ebnf": ("dispatch_ebnf", EBNF)}
+            "ebnf": ("dispatch_ebnf", EBNF), "tag": ("dispatch_structural_tag", json.dumps(TAG))}
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +133,7 @@ def best_legal_paths(backend, kind, answer, logp, tokens, budget):
     return {p for _, p in found[:budget]}
 
 
-PREFIXES = {"json": b'{"name": "ab', "regex": b"yes, 4", "ebnf": b"(1"}
+PREFIXES = {"json": b'{"name": "ab', "regex": b"yes, 4", "ebnf": b"(1", "tag": b'<f>{"n": 1'}
 
 
 @pytest.mark.parametrize("kind", sorted(GRAMMARS))
@@ -251,6 +257,10 @@ def test_ddtree_under_a_grammar_gives_nones_constrained_answer(backend, kind, bu
     if kind == "json" and want[-1] == EOS:
         doc = json.loads(bytes(want[:-1]).decode())
         assert set(doc) == {"name", "age", "tags"} and 0 <= doc["age"] <= 120
+    if kind == "tag":                                              # the answer opens with a whole tag
+        text = bytes(t for t in want if t < 256).decode(errors="replace")
+        assert text.startswith("<f>") and "</f>" in text, text
+        assert isinstance(json.loads(text[3:text.index("</f>")])["n"], int), text
 
 
 def test_pruning_spends_the_budget_on_legal_paths(backend):

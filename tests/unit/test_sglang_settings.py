@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from ddtree.reference.config import DraftConfig, TargetConfig
 from ddtree.reference.export import draft_config, export_pair
 from ddtree.reference.pair import init_pair
-from ddtree.sglang.requests import request_refusal
+from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DDTreeConfigError, DDTreeSettings
 from ddtree.sglang.settings import (block_to_env, draft_block_size, from_env, refusals, resolved_block,
                                     schedule_to_env, validate)
@@ -177,23 +177,23 @@ def test_a_seed_is_served_under_deterministic_inference_and_refused_without_it()
     seeded = {"temperature": 0.7, "sampling_seed": 7}
     message = request_refusal(seeded, NS())
     assert "sampling_params.sampling_seed=7" in message and "--enable-deterministic-inference" in message
-    assert request_refusal(seeded, NS(), deterministic=True) is None
-    assert "frequency_penalty" in request_refusal({**seeded, "frequency_penalty": 0.5}, NS(), deterministic=True)
+    assert request_refusal(seeded, NS(), ServedFeatures(deterministic=True)) is None
+    assert "frequency_penalty" in request_refusal({**seeded, "frequency_penalty": 0.5}, NS(), ServedFeatures(deterministic=True))
 
 
 def test_penalties_are_served_only_when_the_server_says_so():
     for params in ({"frequency_penalty": 0.5}, {"presence_penalty": 0.5}, {"repetition_penalty": 1.2},
                    {"min_new_tokens": 8}):
         assert request_refusal(params, NS()) is not None
-        assert request_refusal(params, NS(), penalties=True) is None
-    assert "json_schema" in request_refusal({"json_schema": "{}"}, NS(), penalties=True)
+        assert request_refusal(params, NS(), ServedFeatures(penalties=True)) is None
+    assert "json_schema" in request_refusal({"json_schema": "{}"}, NS(), ServedFeatures(penalties=True))
 
 
 def test_logprobs_are_served_only_when_the_server_says_so():
     asks = NS(return_logprob=True, top_logprobs_num=5, token_ids_logprob=[[1, 2]])
     assert request_refusal(None, asks).startswith("return_logprob=True")
-    assert request_refusal(None, asks, logprobs=True) is None
-    assert request_refusal({"frequency_penalty": 0.5}, asks, logprobs=True) is not None
+    assert request_refusal(None, asks, ServedFeatures(logprobs=True)) is None
+    assert request_refusal({"frequency_penalty": 0.5}, asks, ServedFeatures(logprobs=True)) is not None
 
 
 def test_the_overlap_scheduler_is_allowed_only_by_its_switch(monkeypatch):
@@ -205,8 +205,21 @@ def test_the_overlap_scheduler_is_allowed_only_by_its_switch(monkeypatch):
 
 
 def test_penalties_stay_refused_under_the_overlap_scheduler():
-    assert request_refusal({"frequency_penalty": 0.5}, NS(), penalties=True) is None
-    assert "frequency_penalty" in request_refusal({"frequency_penalty": 0.5}, NS(), penalties=True, overlap=True)
+    assert request_refusal({"frequency_penalty": 0.5}, NS(), ServedFeatures(penalties=True)) is None
+    message = request_refusal({"frequency_penalty": 0.5}, NS(), ServedFeatures(penalties=True, overlap=True))
+    assert message.startswith("sampling_params.frequency_penalty=0.5") and "under the overlap scheduler" in message
+
+
+def test_served_features_are_read_from_the_server_args_and_its_environment():
+    args = NS(enable_deterministic_inference=True, disable_overlap_schedule=False)
+    served = ServedFeatures.from_server(args, {"SGLANG_DDTREE_GRAMMARS": "1", "SGLANG_DDTREE_LOGPROBS": "0"})
+    assert served == ServedFeatures(deterministic=True, grammars=True, overlap=True)
+    assert ServedFeatures.from_server(NS(), {}) == ServedFeatures()      # SGLang's defaults: overlap off here
+    everything = {name: "1" for name in ("SGLANG_DDTREE_PENALTIES", "SGLANG_DDTREE_LOGPROBS",
+                                         "SGLANG_DDTREE_GRAMMARS", "SGLANG_DDTREE_PROCESSORS")}
+    served = ServedFeatures.from_server(NS(disable_overlap_schedule=True), everything)
+    asks = NS(return_logprob=True, top_logprobs_num=3, custom_logit_processor="p")
+    assert request_refusal({"json_schema": "{}", "min_new_tokens": 4}, asks, served) is None
 
 
 def test_the_sync_check_logs_each_site_once_and_passes_other_warnings_on(caplog):
@@ -233,14 +246,14 @@ def test_the_sync_check_logs_each_site_once_and_passes_other_warnings_on(caplog)
 def test_custom_logit_processors_are_served_only_when_the_server_says_so():
     asks = NS(custom_logit_processor='{"callable": "x"}')
     assert request_refusal(None, asks).startswith("custom_logit_processor")
-    assert request_refusal(None, asks, processors=True) is None
+    assert request_refusal(None, asks, ServedFeatures(processors=True)) is None
 
 
 def test_grammars_are_served_only_when_the_server_says_so():
     for field, value in (("json_schema", "{}"), ("regex", "a+"), ("ebnf", 'root ::= "a"'), ("structural_tag", "{}")):
         assert request_refusal({field: value}, NS()).startswith(f"sampling_params.{field}")
-        assert request_refusal({field: value}, NS(), grammars=True) is None
-    assert request_refusal({"json_schema": "{}", "frequency_penalty": 0.5}, NS(), grammars=True) is not None
+        assert request_refusal({field: value}, NS(), ServedFeatures(grammars=True)) is None
+    assert request_refusal({"json_schema": "{}", "frequency_penalty": 0.5}, NS(), ServedFeatures(grammars=True)) is not None
 
 
 # --- the export ----------------------------------------------------------------------------

@@ -91,3 +91,23 @@ def test_one_load_gives_one_value_and_the_command_writes_the_schedule(tmp_path):
     assert written["k26_ddtree_budget"] == "1:64,8:16,32:8"
     table = (tmp_path / "results.md").read_text()
     assert "budget `1:64,8:16,32:8`, top-k cap `1:8,8:4`" in table and "at concurrency 32" in table
+
+
+def test_references_are_the_bar_at_their_fastest_overlap_setting_and_the_schedule_keeps_one_overlap_setting(tmp_path):
+    """DFLASH with SGLang's overlap scheduler is faster than without: DDTREE is compared with that one. DDTREE's
+    picks come from the best row's overlap setting only (one deploy renders one), and schedule.json says which."""
+    rows = [{**row("DFLASH", 300.0, 3.0, concurrency=c), "overlap_schedule": "false"} for c in (1, 8)]
+    rows += [{**row("DFLASH", 400.0 * c, 3.0, concurrency=c), "overlap_schedule": "auto"} for c in (1, 8)]
+    rows += [{**row("DDTREE", 500.0 * c, 4.0, 32, 8, concurrency=c), "overlap_schedule": "auto"} for c in (1, 8)]
+    rows += [{**row("DDTREE", 600.0, 4.0, 64, 8, concurrency=1), "overlap_schedule": "true"},
+             {**row("DDTREE", 9000.0, 4.0, 8, 4, concurrency=8), "overlap_schedule": "auto"}]
+    summary = report.comparison(rows)
+    assert summary["best"]["budget"] == 8 and summary["vs_dflash"] == round(9000 / 3200, 3)
+    plan = report.schedule(summary, rows)
+    assert plan["overlap_schedule"] == "auto" and plan["k26_ddtree_budget"] == "1:32,8:8"   # not the 'true' row at 1
+    assert [p["reference_tokens_per_s"] for p in plan["picks"]] == [400.0, 3200.0]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    subprocess.run([sys.executable, str(ROOT / "tools/sweep_report.py"), str(tmp_path)], check=True, capture_output=True)
+    assert "overlap scheduler auto" in (tmp_path / "results.md").read_text()
+    assert "overlap_schedule" in (tmp_path / "results.csv").read_text().splitlines()[0]
+    assert report.overlap(row("NONE", 1.0)) == "auto"          # rows of sweeps before the setting

@@ -12,7 +12,7 @@ import logging
 import os
 
 from ddtree.sglang import graph_check, keys
-from ddtree.sglang.requests import request_refusal
+from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
 from ddtree.sglang.settings import (ENV_SCHEDULE, block_to_env, draft_block_size, from_env, overlap_allowed,
                                     resolved_block, schedule_from_env, schedule_to_env, validate)
@@ -24,15 +24,6 @@ VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._vali
 LOGGED_SERVER_ARGS = "sglang.srt.entrypoints.engine._server_args_for_logging"
 SECRET_FIELDS = ("api_key", "admin_api_key")
 DEFAULT_MAX_RUNNING_REQUESTS = 48   # what SGLang 0.5.23 sets for DFLASH when unset
-# per-node penalties and min_new_tokens (ddtree.penalties): served only with this set to 1 until the GPU test bed
-# has shown them equal to NONE (tests/gpu_sglang/test_kimi_path.py); refused per request otherwise
-ENV_PENALTIES = "SGLANG_DDTREE_PENALTIES"
-# output logprobs of the committed tokens (tree_worker._ddtree_logprobs), likewise until the GPU test bed shows them
-ENV_LOGPROBS = "SGLANG_DDTREE_LOGPROBS"
-# constrained decoding (grammar.py: trees of legal paths, per-node bitmasks), likewise
-ENV_GRAMMARS = "SGLANG_DDTREE_GRAMMARS"
-# custom logit processors at every node with the node's own path (logit_processors.py), likewise
-ENV_PROCESSORS = "SGLANG_DDTREE_PROCESSORS"
 _registered = False
 
 
@@ -113,13 +104,8 @@ def refuse_unsupported_requests(*args, **kwargs):
     algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
     if algorithm != ALGORITHM or obj is None:
         return None
-    deterministic = bool(getattr(manager.server_args, "enable_deterministic_inference", False))
-    overlap = not bool(getattr(manager.server_args, "disable_overlap_schedule", True))
-    message = request_refusal(getattr(obj, "sampling_params", None), obj, deterministic=deterministic, overlap=overlap,
-                              penalties=os.environ.get(ENV_PENALTIES) == "1",
-                              logprobs=os.environ.get(ENV_LOGPROBS) == "1",
-                              grammars=os.environ.get(ENV_GRAMMARS) == "1",
-                              processors=os.environ.get(ENV_PROCESSORS) == "1")
+    served = ServedFeatures.from_server(manager.server_args, os.environ)
+    message = request_refusal(getattr(obj, "sampling_params", None), obj, served)
     if message:
         raise ValueError(message)
     return None

@@ -15,6 +15,7 @@ there; DDTREE would sample from the server's generator).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 FIX = "send the request without it, or to a server with --speculative-algorithm DFLASH or NONE"
 
@@ -28,44 +29,103 @@ NEUTRAL_SAMPLING = {
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
-def request_refusal(sampling_params: Mapping | None, request: object, deterministic: bool = False,
-                    penalties: bool = False, logprobs: bool = False, grammars: bool = False,
-                    processors: bool = False, overlap: bool = False) -> str | None:
+# switches for request features the worker implements but the GPU test bed has not yet shown equal to NONE;
+# each is refused per request unless its variable is 1 in the server's environment
+ENV_PENALTIES = "SGLANG_DDTREE_PENALTIES"      # per-node penalties and min_new_tokens (ddtree.penalties)
+ENV_LOGPROBS = "SGLANG_DDTREE_LOGPROBS"        # output logprobs of the committed tokens
+ENV_GRAMMARS = "SGLANG_DDTREE_GRAMMARS"        # constrained trees (grammar.py: legal paths, per-node bitmasks)
+ENV_PROCESSORS = "SGLANG_DDTREE_PROCESSORS"    # custom logit processors per node with the node's own path
+
+
+@dataclass(frozen=True)
+class ServedFeatures:
+    """What one DDTREE server serves beyond plain sampling, fixed at its start.
+
+    deterministic: --enable-deterministic-inference (seeds at temperature > 0 are honoured);
+    penalties / logprobs / grammars / processors: the switches above; overlap: the server runs the
+    overlap scheduler, under which penalties stay refused whatever their switch (the worker feeds
+    SGLang's penalizers itself, untested with the overlap scheduler's own feeding).
+    """
+
+    deterministic: bool = False
+    penalties: bool = False
+    logprobs: bool = False
+    grammars: bool = False
+    processors: bool = False
+    overlap: bool = False
+
+    @classmethod
+    def from_server(cls, server_args: object, environ: Mapping[str, str]) -> ServedFeatures:
+        """Read from SGLang's ServerArgs (getattr) and the server's environment."""
+        return cls(deterministic=bool(getattr(server_args, "enable_deterministic_inference", False)),
+                   penalties=environ.get(ENV_PENALTIES) == "1",
+                   logprobs=environ.get(ENV_LOGPROBS) == "1",
+                   grammars=environ.get(ENV_GRAMMARS) == "1",
+                   processors=environ.get(ENV_PROCESSORS) == "1",
+                   overlap=not bool(getattr(server_args, "disable_overlap_schedule", True)))
+
+    @property
+    def served_penalties(self) -> bool:
+        return self.penalties and not self.overlap
+
+
+PLAIN = ServedFeatures()
+
+
+def request_refusal(sampling_params: Mapping | None, request: object, served: ServedFeatures = PLAIN) -> str | None:
     """The first unsupported feature of one generate request, as an error message, or None.
 
     sampling_params: the request's sampling parameters as sent (a dict or None); request: an
     object with the request-level fields of SGLang's GenerateReqInput (read with getattr);
-    deterministic: the server runs --enable-deterministic-inference (seeds are honoured);
-    penalties: the server was started with SGLANG_DDTREE_PENALTIES=1 (per-node penalties, under test);
-    logprobs: the server was started with SGLANG_DDTREE_LOGPROBS=1 (output logprobs, under test);
-    grammars: the server was started with SGLANG_DDTREE_GRAMMARS=1 (constrained trees, under test);
-    processors: the server was started with SGLANG_DDTREE_PROCESSORS=1 (custom logit processors per node);
-    overlap: the server runs the overlap scheduler (SGLANG_DDTREE_OVERLAP=1), under which penalties are refused
-    whatever their switch (the worker feeds SGLang's penalizers itself; untested with the overlap's own feeding).
+    served: what this server serves (ServedFeatures.from_server).
     """
-    if getattr(request, "return_logprob", False) and not logprobs:
+    params = sampling_params or {}
+    return (_logprob_refusal(request, served) or _request_field_refusal(request, served)
+            or _seed_refusal(params, served) or _grammar_refusal(params, served) or _penalty_refusal(params, served))
+
+
+def _logprob_refusal(request: object, served: ServedFeatures) -> str | None:
+    if served.logprobs:
+        return None
+    if getattr(request, "return_logprob", False):
         return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
-    for field in () if logprobs else ("top_logprobs_num", "token_ids_logprob"):
+    for field in ("top_logprobs_num", "token_ids_logprob"):
         if getattr(request, field, None):
             return f"{field}={getattr(request, field)!r} is not supported by this DDTREE server; {FIX}"
+    return None
+
+
+def _request_field_refusal(request: object, served: ServedFeatures) -> str | None:
     if getattr(request, "return_hidden_states", False):
         return f"return_hidden_states=True is not supported by this DDTREE server; {FIX}"
     if getattr(request, "return_sampling_mask", False):
         return f"return_sampling_mask=True is not supported by this DDTREE server; {FIX}"
-    if getattr(request, "custom_logit_processor", None) and not processors:
+    if getattr(request, "custom_logit_processor", None) and not served.processors:
         return f"custom_logit_processor is not supported by this DDTREE server; {FIX}"
-    params = sampling_params or {}
-    if params.get("sampling_seed") is not None and float(params.get("temperature", 1.0)) > 0 and not deterministic:
-        return (f"sampling_params.sampling_seed={params['sampling_seed']!r} is not supported by this DDTREE server at "
-                "temperature > 0: it runs without --enable-deterministic-inference, the only mode in which SGLang "
-                "uses a seed (start the server with that flag to have seeded answers reproduced), or "
-                f"{FIX}")
-    for field in () if grammars else GRAMMAR_FIELDS:
+    return None
+
+
+def _seed_refusal(params: Mapping, served: ServedFeatures) -> str | None:
+    if params.get("sampling_seed") is None or float(params.get("temperature", 1.0)) <= 0 or served.deterministic:
+        return None
+    return (f"sampling_params.sampling_seed={params['sampling_seed']!r} is not supported by this DDTREE server at "
+            "temperature > 0: it runs without --enable-deterministic-inference, the only mode in which SGLang "
+            "uses a seed (start the server with that flag to have seeded answers reproduced), or "
+            f"{FIX}")
+
+
+def _grammar_refusal(params: Mapping, served: ServedFeatures) -> str | None:
+    for field in () if served.grammars else GRAMMAR_FIELDS:
         if params.get(field) is not None:
             return f"sampling_params.{field} (constrained decoding) is not supported by this DDTREE server; {FIX}"
-    for field, neutral in ({} if penalties and not overlap else NEUTRAL_SAMPLING).items():
+    return None
+
+
+def _penalty_refusal(params: Mapping, served: ServedFeatures) -> str | None:
+    for field, neutral in ({} if served.served_penalties else NEUTRAL_SAMPLING).items():
         value = params.get(field)
         if value is not None and float(value) != float(neutral):
-            return (f"sampling_params.{field}={value!r} is not supported by this DDTREE server (only {neutral} "
+            why = " under the overlap scheduler" if served.penalties and served.overlap else ""
+            return (f"sampling_params.{field}={value!r} is not supported by this DDTREE server{why} (only {neutral} "
                     f"is); {FIX}")
     return None

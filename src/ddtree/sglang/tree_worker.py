@@ -50,7 +50,7 @@ Refused at start-up (settings.refusals), and again here where only the loaded mo
 DFlash2 selector, LiLiCorr and Domino drafts, hybrid (mamba) and sliding-window targets,
 quantized or added-vocabulary LM heads. Per request (requests.py): logprobs, grammars, penalties and
 min_new_tokens, custom logit processors are served here but refused unless their switch is set
-(plugin.ENV_LOGPROBS, ENV_GRAMMARS, ENV_PENALTIES, ENV_PROCESSORS) until the GPU test bed has shown them
+(requests.ENV_LOGPROBS, ENV_GRAMMARS, ENV_PENALTIES, ENV_PROCESSORS) until the GPU test bed has shown them
 equal to NONE.
 """
 
@@ -67,7 +67,7 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.model_runner import SamplingPrewarmResult
 from sglang.srt.model_executor.forward_batch_info import (CaptureHiddenMode, ForwardBatch, ForwardMode,
                                                           enable_num_token_non_padded)
-from sglang.srt.runtime_context import get_exec, get_parallel
+from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import is_dense_head_weight
@@ -88,6 +88,7 @@ from ddtree.sglang.seeded import seeded_node_targets
 from ddtree.sglang.sync_check import SyncCheck
 from ddtree.settings import DDTreeConfigError
 from ddtree.sglang.settings import from_env, resolved_block, schedule_from_env
+from ddtree.sglang.step_dump import Diagnostics, StepDump, announce, leak_siblings
 from ddtree.sglang.widths import TargetWidths
 from ddtree.tree import build_tree_from_candidates, candidate_count
 from ddtree.types import Candidates, DraftTree, SamplingParams
@@ -120,6 +121,29 @@ class DDTreeWorker(DFlashWorkerV2):
         self._ddtree_prof = StepProfiler.from_env(torch.cuda.synchronize) or OFF
         self._ddtree_sync = SyncCheck.from_env()                                  # None unless diagnosing
         self._ddtree_schedule = schedule_from_env()
+        self._ddtree_widths: TargetWidths | None = None                          # built in init_cuda_graphs
+        self._ddtree_prewarm_trees()
+        self._ddtree_diag = Diagnostics.from_env()                                 # test-bed diagnostics
+        announce(self._ddtree_diag)
+        self._ddtree_dump = (StepDump(self._ddtree_diag.dump_dir, self._ddtree_diag.dump_steps)
+                             if self._ddtree_diag.dump_dir is not None else None)
+
+    def _ddtree_max_running(self) -> int:
+        """The most requests a step can run. Read from the server's settings: SGLang 0.5.23 sets
+        ModelRunner.max_running_requests only in alloc_memory_pool, which has not run on the target when this
+        worker is built (AttributeError at start-up on the H200, 2026-12-03); the decode graphs' largest batch
+        when no limit is set."""
+        limit = get_schedule().max_running_requests
+        if limit:
+            return int(limit)
+        return max(1, max(get_exec().graph.cuda_graph_config.decode.bs or [1]))
+
+    def init_cuda_graphs(self):
+        """The draft's graphs (DFlashWorkerV2's), then a schedule's narrower verify widths: they need the target's
+        attention backend and decode graph runner, which SGLang 0.5.23 builds after this worker's __init__
+        (Scheduler.init_model_worker: draft worker, memory pools, attention backends, then the target's graphs
+        before the draft's). Built in __init__ they met no graph runner (AttributeError on the H200, 2026-12-03)."""
+        super().init_cuda_graphs()
         self._ddtree_widths = self._ddtree_target_widths()
 
     def _ddtree_target_widths(self) -> TargetWidths | None:
@@ -127,10 +151,21 @@ class DDTreeWorker(DFlashWorkerV2):
         if len(self._ddtree_schedule.widths) < 2:
             return None
         target = self.target_worker.model_runner
-        widths = TargetWidths(target, self._ddtree_schedule, self._ddtree.verify_tokens,
-                              int(target.max_running_requests))
+        widths = TargetWidths(target, self._ddtree_schedule, self._ddtree.verify_tokens, self._ddtree_max_running())
         logger.info("DDTREE %s: %s", self._ddtree_schedule, widths.memory_report())
         return widths
+
+    def _ddtree_prewarm_trees(self) -> None:
+        """Build one tree for every (budget, cap) the schedule gives a running batch, at start-up: the tree
+        kernel's Triton build (2.5 s on the H200) and its pair tables' copy to the device happen here, not in the
+        first served step (seen on the H200, 2026-12-02: the sync check flagged that copy in the first step)."""
+        vocab, depth = int(self.model_runner.model_config.vocab_size), self.block_size - 1
+        max_bs = self._ddtree_max_running()
+        for budget, cap in sorted({self._ddtree_schedule.at(b) for b in range(1, max_bs + 1)}):
+            k = candidate_count(cap, budget, vocab)
+            cand = Candidates(logp=torch.zeros((1, depth, k), dtype=torch.float32, device=self.device),   # [1, L, K]
+                              tokens=torch.zeros((1, depth, k), dtype=torch.int64, device=self.device))
+            build_tree_from_candidates(cand, torch.zeros(1, dtype=torch.int64, device=self.device), budget)
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -251,6 +286,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 verify_batch = self._ddtree_verify_batch(batch, draft_input, tree, prefix_lens, window)
             with prof.stage("verify"):
                 target_out = self._ddtree_verify(verify_batch)
+        if self._ddtree_dump is not None and self._ddtree_dump.wanted():
+            self._ddtree_write_dump(batch, tree, target_out.logits_output.next_token_logits, prefix_lens)
         with prof.stage("verdict"):
             verdict = self._ddtree_verdict(batch, tree, target_out.logits_output, prefix_lens,
                                            grammar.mask if grammar is not None else None)
@@ -344,6 +381,8 @@ class DDTreeWorker(DFlashWorkerV2):
         """The target's TARGET_VERIFY ForwardBatch over the N tree nodes of every request (custom mask)."""
         bs, n = tree.tokens.shape
         committed_cpu, committed_sum = self._ddtree_host_lens(batch, draft_input, 0)   # host upper bounds
+        if self._ddtree_diag.fault == "sibling":                                    # a deliberate fault (tests)
+            tree = leak_siblings(tree)
         mask = verify_mask(tree, prefix_lens, total=n * (committed_sum + bs * n),     # sum_b N * (prefix_b + N)
                            max_prefix=int(committed_cpu.max()))
         verify_input = DFlashVerifyInput(
@@ -358,6 +397,15 @@ class DDTreeWorker(DFlashWorkerV2):
         finally:
             batch.seq_lens_cpu, batch.seq_lens_sum = saved
         return forward_batch
+
+    def _ddtree_write_dump(self, batch, tree: DraftTree, logits: torch.Tensor, prefix_lens: torch.Tensor) -> None:
+        """Diagnostics (step_dump.py): the step's trees, verify logits [bs * N, V] and each request's prefix KV."""
+        runner = self.target_worker.model_runner
+        if runner.kv_index_translator.needs_read_translate:                        # a property
+            raise RuntimeError("SGLANG_DDTREE_DUMP reads the KV pool by req_to_token ids: this pool translates "
+                               "them (sliding window or a moving pool); unset it")
+        rows = runner.req_to_token_pool.req_to_token[batch.req_pool_indices]            # [bs, W]
+        self._ddtree_dump.write(batch.reqs, tree, logits, prefix_lens, rows, runner.token_to_kv_pool)
 
     def _ddtree_verify(self, forward_batch):
         """One target pass over the tree nodes (the captured graph of width N when one fits)."""

@@ -1,0 +1,123 @@
+"""Test-bed diagnostics of the DDTREE verify pass (issue 44): what it computes at every tree node, what it leaves
+in the KV cache, and a deliberate fault that a test must catch. Off unless asked for; never on a served host (the
+deploy's input check refuses both variables in k26_service_env).
+
+  SGLANG_DDTREE_DUMP=DIR        each decode step (the first SGLANG_DDTREE_DUMP_STEPS of the process, default 400)
+                                writes DIR/step-<pid>-<n>.pt with, per request: its id, its token ids so far (prompt
+                                + output), the committed prefix length, the tree (tokens, parents, depths, node
+                                count), the verify pass's logits at every node [N, V] float32 (as the target gave
+                                them, before any processing), and the target's KV of the committed prefix from
+                                SGLang's pool, every layer (MLA: the latent + rope row; else keys and values)
+  SGLANG_DDTREE_FAULT=sibling   every tree node also sees its earlier siblings in the verify mask: a broken tree
+                                mask, for showing that a check fails on it. The accept walk is unchanged.
+
+The dump reads the device (a host copy per step): a diagnostics mode like the step profiler, not a served one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ddtree.types import DraftTree
+
+ENV_DUMP = "SGLANG_DDTREE_DUMP"
+ENV_DUMP_STEPS = "SGLANG_DDTREE_DUMP_STEPS"
+ENV_FAULT = "SGLANG_DDTREE_FAULT"
+FAULTS = ("sibling",)
+DEFAULT_STEPS = 400
+logger = logging.getLogger("ddtree.sglang.step_dump")
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """The diagnostics switches, read once at start-up."""
+
+    dump_dir: Path | None = None
+    dump_steps: int = DEFAULT_STEPS
+    fault: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Diagnostics:
+        folder = environ.get(ENV_DUMP, "")
+        steps_text = environ.get(ENV_DUMP_STEPS, str(DEFAULT_STEPS))
+        if not steps_text.isdigit() or int(steps_text) < 1:
+            raise ValueError(f"{ENV_DUMP_STEPS}={steps_text!r} is invalid: expected a whole number of steps >= 1")
+        fault = environ.get(ENV_FAULT, "") or None
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"{ENV_FAULT}={fault!r} is invalid: expected one of {', '.join(FAULTS)} (or unset)")
+        if folder and not Path(folder).is_absolute():
+            raise ValueError(f"{ENV_DUMP}={folder!r} is invalid: expected an absolute folder path")
+        return cls(dump_dir=Path(folder) if folder else None, dump_steps=int(steps_text), fault=fault)
+
+    @property
+    def active(self) -> bool:
+        return self.dump_dir is not None or self.fault is not None
+
+
+def leak_siblings(tree: DraftTree) -> DraftTree:
+    """The deliberate fault: every node also sees the siblings before it (same parent, lower index).
+    ancestor_mask bool [bs, N, N] row i gains column j for j < i with parents[i] == parents[j] >= 0."""
+    n = tree.width
+    same_parent = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (tree.parents[:, :, None] >= 0)
+    earlier = torch.ones((n, n), dtype=torch.bool, device=tree.tokens.device).tril(-1)      # [N, N] j < i
+    return dataclasses.replace(tree, ancestor_mask=tree.ancestor_mask | (same_parent & earlier))
+
+
+def read_prefix_kv(pool, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The target's KV rows at `slots` (int64 [P], pool ids) for every layer of `pool`:
+    MLA -> {"latent": [layers, P, 1, kv_lora_rank + rope]}; else {"key": [layers, P, H, D], "value": ...}."""
+    layers = range(int(pool.start_layer), int(pool.start_layer) + int(pool.layer_num))
+    if hasattr(pool, "kv_lora_rank"):
+        return {"latent": torch.stack([pool.get_key_buffer(i)[slots] for i in layers]).cpu()}
+    return {"key": torch.stack([pool.get_key_buffer(i)[slots] for i in layers]).cpu(),
+            "value": torch.stack([pool.get_value_buffer(i)[slots] for i in layers]).cpu()}
+
+
+@dataclass
+class StepDump:
+    """Writes one file per decode step until `limit` steps were written (this process)."""
+
+    folder: Path
+    limit: int
+    written: int = 0
+
+    def wanted(self) -> bool:
+        return self.written < self.limit
+
+    def write(self, reqs, tree: DraftTree, logits: torch.Tensor, prefix_lens: torch.Tensor, slot_rows: torch.Tensor,
+              pool) -> Path:
+        """reqs: the batch's SGLang requests; logits [bs * N, V]; prefix_lens int64 [bs]; slot_rows int64 [bs, W]
+        (each request's req_to_token row: pool ids of its tokens, virtual = physical on a plain pool)."""
+        bs, n = tree.tokens.shape
+        rows = logits.view(bs, n, -1).float().cpu()                                           # [bs, N, V]
+        prefix = prefix_lens.cpu().tolist()
+        records = []
+        for b, req in enumerate(reqs):
+            p = int(prefix[b])
+            records.append({
+                "rid": str(req.rid), "token_ids": [int(t) for t in req.origin_input_ids] + [int(t) for t in req.output_ids],
+                "prefix": p, "tree_tokens": tree.tokens[b].cpu(), "parents": tree.parents[b].cpu(),
+                "depths": tree.depths[b].cpu(), "num_nodes": int(tree.num_nodes[b]), "logits": rows[b],
+                "kv": read_prefix_kv(pool, slot_rows[b, :p].to(torch.int64))})
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"step-{os.getpid()}-{self.written:05d}.pt"
+        torch.save({"step": self.written, "requests": records}, path)
+        self.written += 1
+        return path
+
+
+def announce(diagnostics: Diagnostics) -> None:
+    """Say loudly at start-up what is on: a dump slows every step; a fault makes answers wrong."""
+    if diagnostics.dump_dir is not None:
+        logger.warning("DDTREE diagnostics: every decode step's tree, verify logits and prefix KV are written to %s "
+                       "(the first %d steps); a test-bed mode, slow", diagnostics.dump_dir, diagnostics.dump_steps)
+    if diagnostics.fault is not None:
+        logger.error("DDTREE DELIBERATE FAULT %s=%s: tree nodes see their earlier siblings; answers are WRONG "
+                     "(a test-bed mode for showing that a check catches it)", ENV_FAULT, diagnostics.fault)

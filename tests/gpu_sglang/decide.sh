@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Issue 44's GPU job, from the project root on the GPU machine after staging (tests/gpu_sglang/bg.sh start
+# tests/gpu_sglang/decide.sh [PART]):
+#   trains the pairs of SIZES (default: small = dense Qwen3-style, kimi-dense = MLA + dense MLPs, kimi-allexp = MLA +
+#   MoE with every expert active, kimi = MLA + MoE top 2 of 8), all at once on the one GPU (TRAIN_MINUTES each,
+#   default 1.5), once per machine (a pair already there is kept), exports each to SGLang's formats, then
+#   part "nodes" (default): tests/gpu_sglang/test_node_logits.py over all of them (issue 44 items 1-3: tree against
+#              path node by node with the chain control and a deliberate fault, the committed KV, the radix cache);
+#   part "greedy": the temperature-0 test of test_ddtree_server.py (GREEDY_MATRIX, default budget 8 cap 8, 32 x 4,
+#              32 x 8, 64 x 8 with graphs and 32 x 8 eager; 1 and 8 at once; the chain against DFLASH; the export) on
+#              GREEDY_SIZES (default kimi-dense kimi-allexp), one pytest session per pair at once (ports 31000 + 1000 x
+#              i), and beside them on the small pair issue 45's schedule servers (test_widths) and the overlap
+#              scheduler's greedy and sync-check tests (test_overlap);
+#   part "all": nodes, then greedy (one background job: tests/gpu_sglang/bg.sh start ... all).
+# Results come back through $OUT, one archive per part (nodes.tgz, greedy.tgz: results.md / results.json, node-check.md,
+# server logs) and train-logs.tgz; each part's tables are printed too.
+set -u
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+. .gpu-bundles/bin/env.sh
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PART=${1:-nodes}
+SIZES=${SIZES:-small kimi-dense kimi-allexp kimi}
+ROOT=$SGLANG_TESTBED/decide; mkdir -p "$ROOT"; OUT=${OUT:-$ROOT/out}; mkdir -p "$OUT"
+t0=$(date +%s)
+python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
+for s in $SIZES; do
+  [ -f "$ROOT/$s/pair/b8/draft/model.safetensors" ] && continue
+  mkdir -p "$ROOT/$s"
+  python3 bench/train_pair.py --out "$ROOT/$s/pair" --size "$s" --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes 8 \
+    --prompts 32 --device cuda > "$ROOT/$s/train.log" 2>&1 &
+done
+wait
+for s in $SIZES; do
+  grep -E "held-out|steps in" "$ROOT/$s/train.log" | sed "s/^/[$s] /"
+  [ -d "$ROOT/$s/sglang-pair/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/$s/pair/b8" \
+    --out "$ROOT/$s/sglang-pair" > "$ROOT/$s/export.log" 2>&1 || { cat "$ROOT/$s/export.log"; exit 1; }
+done
+echo "[decide] pairs ready after $(( $(date +%s) - t0 )) s"
+python3 - "$ROOT" $SIZES > "$ROOT/pairs.json" <<'EOF'
+import json, sys
+root, sizes = sys.argv[1], sys.argv[2:]
+print(json.dumps({s: {"pair": f"{root}/{s}/sglang-pair", "ref": f"{root}/{s}/pair/b8",
+                      "prompts": f"{root}/{s}/pair/heldout_prompts.json"} for s in sizes}))
+EOF
+one() {   # the conftest's single-pair variables, for pair $1
+  echo "SGLANG_DDTREE_PAIR=$ROOT/$1/sglang-pair SGLANG_DDTREE_REF=$ROOT/$1/pair/b8 SGLANG_DDTREE_PROMPTS=$ROOT/$1/pair/heldout_prompts.json"
+}
+rc=0
+case $PART in
+  nodes)
+    first=${SIZES%% *}
+    if [ "${WITH_WIDTHS:-0}" = 1 ]; then     # issue 45's schedule servers beside it, on the small pair
+      env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-widths SGLANG_DDTREE_BASE_PORT=34000 \
+        SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager" python3 -m pytest tests/gpu_sglang/test_widths.py \
+        -p no:cacheprovider -q -rfE -k "test_each_width or test_greedy_equals_none_while" > "$ROOT/widths.log" 2>&1 &
+    fi
+    env $(one "$first") SGLANG_DDTREE_PAIRS="$ROOT/pairs.json" SGLANG_DDTREE_OUT=/tmp/ddtree-nodes \
+      python3 -m pytest tests/gpu_sglang/test_node_logits.py -p no:cacheprovider -q -rfE || rc=1
+    wait
+    cat /tmp/ddtree-nodes/results.md /tmp/ddtree-nodes/node-check.md /tmp/ddtree-widths/results.md 2>/dev/null
+    tar czf "$OUT/nodes.tgz" --exclude=dumps -C /tmp $(cd /tmp && ls -d ddtree-nodes ddtree-widths 2>/dev/null) \
+      $(ls "$ROOT"/widths.log 2>/dev/null) 2>/dev/null ;;
+  greedy)
+    i=0
+    GREEDY_MATRIX=${GREEDY_MATRIX:-ddtree-b8-c8-graphs,ddtree-b32-c4-graphs,ddtree-b32-c8-graphs,ddtree-b64-c8-graphs,ddtree-b32-c8-eager}
+    for s in ${GREEDY_SIZES:-kimi-dense kimi-allexp}; do
+      names=none,dflash,ddtree-b7-c1-graphs,$GREEDY_MATRIX
+      env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-greedy-$s" SGLANG_DDTREE_START="$names" \
+        SGLANG_DDTREE_BASE_PORT=$((31000 + 1000 * i)) python3 -m pytest tests/gpu_sglang/test_ddtree_server.py \
+        -p no:cacheprovider -q -rfE -k "$(echo "$GREEDY_MATRIX" | sed 's/,/ or /g') or test_chain_setting or test_export or test_graph_runs" \
+        > "$ROOT/greedy-$s.log" 2>&1 &
+      i=$((i + 1))
+    done
+    # issue 45: the budget schedule's servers (they died at start-up before) and the overlap scheduler's sync check,
+    # on the dense pair beside them
+    env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-greedy-widths SGLANG_DDTREE_BASE_PORT=34000 \
+      SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager,ddtree-b32-c8-graphs-overlap,none-bs48,ddtree-b32-c8-graphs-overlap-synccheck-bs48" \
+      python3 -m pytest tests/gpu_sglang/test_widths.py tests/gpu_sglang/test_overlap.py -p no:cacheprovider -q -rfE \
+      -k "${WIDTHS_K:-test_each_width or test_greedy_equals_none_while or test_overlap_greedy or test_overlap_48 or test_no_host_sync}" \
+      > "$ROOT/greedy-widths.log" 2>&1 &
+    wait || rc=1
+    for s in ${GREEDY_SIZES:-kimi-dense kimi-allexp} widths; do
+      tail -5 "$ROOT/greedy-$s.log"
+      grep -q " failed\| error" "$ROOT/greedy-$s.log" && rc=1
+      grep -E "passed|failed" "$ROOT/greedy-$s.log" | tail -1 | sed "s/^/[greedy $s] /"
+      cat "/tmp/ddtree-greedy-$s/results.md" 2>/dev/null
+    done
+    tar czf "$OUT/greedy.tgz" $(ls -d /tmp/ddtree-greedy-* "$ROOT"/greedy-*.log 2>/dev/null) 2>/dev/null ;;
+  all) "$0" nodes || rc=1; "$0" greedy || rc=1 ;;
+  *) echo "part $PART is invalid: expected nodes, greedy or all" >&2; exit 2 ;;
+esac
+tar czf "$OUT/train-logs.tgz" -C "$ROOT" $(cd "$ROOT" && ls */train.log */pair/train.json 2>/dev/null) 2>/dev/null
+echo "[decide] part $PART done after $(( $(date +%s) - t0 )) s (rc $rc)"
+exit $rc

@@ -1,0 +1,135 @@
+"""The float32 referee of a temperature-0 parting: where a speculative server's greedy tokens first part
+from plain decoding's, the model without bf16's rounding (the reference engine in float32, with the
+weights the export serves) says whether the token taken is one it would take.
+
+A parting passes when
+- plain decoding's own (bf16) top-2 gap there is a near tie and the token taken is one of its two best; or
+- with a referee: the token taken is the float32 model's argmax ("exact"), or the float32 model itself puts
+  plain decoding's token and the token taken within a near tie, the taken one among its two best
+  ("float32 tie": any bf16 evaluation may flip such a pair; a mixture-of-experts target flips routing choices
+  too, so SGLang's own paths part from plain decoding well past one bf16 step, H200 2026-12-02).
+Anything else is a real difference. The same NEAR_TIE bounds both the bf16 and the float32 gap.
+
+Nothing here imports torch or SGLang at import time: the judgement is checked on the CPU
+(tests/reference/test_referee.py), the GPU tests build the referee on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# Plain decoding's own top-2 log-prob gap below which a bf16 near tie may flip between kernels
+# (the verify pass attends over N tokens at once, the plain decode step over one): 2 bf16 ulps of a
+# log-prob between 4 and 8. Larger gaps are real differences.
+NEAR_TIE = 0.0625
+
+
+@dataclass(frozen=True)
+class Parting:
+    """Where a speculative answer first parts from plain decoding's, and the verdict."""
+    position: int
+    plain_token: int
+    taken_token: int
+    bf16_gap: float                    # plain decoding's own top-2 log-prob gap there
+    kind: str                          # "near tie" | "exact" | "float32 tie" | "real difference"
+    float32_best: int | None = None    # the referee's argmax (None: no referee asked)
+    float32_gap: float | None = None   # referee's logp(plain token) - logp(token taken)
+
+    @property
+    def passed(self) -> bool:
+        return self.kind != "real difference"
+
+    def record(self):
+        """What the test report shows for a passed parting (compact, as before: the bf16 gap alone for a near tie)."""
+        if self.kind == "near tie":
+            return round(self.bf16_gap, 5)
+        return (self.kind, round(self.bf16_gap, 5), round(self.float32_gap, 5))
+
+    def reason(self) -> str:
+        text = (f"position {self.position}: token {self.taken_token} where plain decoding's token is {self.plain_token} "
+                f"and its top-2 gap {self.bf16_gap:.4f}")
+        if self.float32_best is not None:
+            text += (f"; the float32 model picks {self.float32_best}, and puts the token taken {self.float32_gap:.4f} "
+                     f"below plain decoding's")
+        return text
+
+
+def is_near_tie(gap: float, best: set[int], token: int) -> bool:
+    """A top-2 log-prob gap within NEAR_TIE, `token` one of those two best."""
+    return gap <= NEAR_TIE and token in best
+
+
+def judge(position: int, plain_token: int, taken_token: int, bf16_gap: float, bf16_best: set[int],
+          float32_logprobs: Callable[[], object] | None = None) -> Parting:
+    """The verdict on one parting. float32_logprobs: called only past a bf16 near tie, it gives the referee's
+    next-token log-probs [V] on the shared prefix (a torch tensor); None without a referee."""
+    if is_near_tie(bf16_gap, bf16_best, taken_token):
+        return Parting(position, plain_token, taken_token, bf16_gap, "near tie")
+    if float32_logprobs is None:
+        return Parting(position, plain_token, taken_token, bf16_gap, "real difference")
+    logprobs = float32_logprobs()                                                # [V]
+    top2 = [int(t) for t in logprobs.topk(2).indices]                            # [2]
+    gap = float(logprobs[plain_token] - logprobs[taken_token])
+    if taken_token == top2[0]:
+        kind = "exact"
+    elif is_near_tie(gap, set(top2), taken_token):
+        kind = "float32 tie"
+    else:
+        kind = "real difference"
+    return Parting(position, plain_token, taken_token, bf16_gap, kind, top2[0], gap)
+
+
+@dataclass
+class Referee:
+    """context (token ids) -> the float32 model's next-token log-probs [V]."""
+    logprobs: Callable[[list[int]], object]
+
+    def choice(self, context: list[int]) -> int:
+        return int(self.logprobs(context).argmax())
+
+
+def target_referee(target, device: str) -> Referee:
+    """A Referee over a reference TargetLM already on `device` in float32."""
+    import torch
+
+    def logprobs(context: list[int]):
+        with torch.no_grad():
+            logits = target.forward_sequence(torch.tensor([context], device=device)).logits[0, -1]   # [V]
+        return torch.log_softmax(logits.float(), -1)
+    return Referee(logprobs)
+
+
+def bf16_served_pair(ref_dir: Path, device: str):
+    """The reference pair in float32 on `device`, its weights rounded to bf16 as the export stores them:
+    what SGLang computes, without SGLang's bf16 activations."""
+    import torch
+
+    from ddtree.reference.pair import load_pair
+
+    pair = load_pair(Path(ref_dir), device=device, dtype=torch.float32)
+    with torch.no_grad():
+        for model in (pair.target, pair.draft):
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+    return pair
+
+
+def int4_served_target(ref_dir: Path, device: str):
+    """The trained target as the INT4 export serves it, in float32 on `device`: each routed expert's weight
+    replaced by its INT4 values times its bf16 scales (from the float32 weights as the export quantized them),
+    every other weight rounded to bf16."""
+    import torch
+
+    from ddtree.reference.export import int4_roundtrip
+    from ddtree.reference.pair import load_pair
+
+    target = load_pair(Path(ref_dir), device=device, dtype=torch.float32).target
+    with torch.no_grad():
+        served = {id(getattr(expert, name).weight): int4_roundtrip(getattr(expert, name).weight)
+                  for layer in target.layers for expert in getattr(layer.mlp, "experts", [])
+                  for name in ("gate_proj", "up_proj", "down_proj")}
+        for p in target.parameters():
+            p.copy_(served[id(p)].to(p.device) if id(p) in served else p.to(torch.bfloat16).float())
+    return target
