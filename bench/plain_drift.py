@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sglang_servers as harness  # noqa: E402
 
-from tests.gpu_sglang.test_ddtree_server import first_divergence, top2  # noqa: E402
+from tests.gpu_sglang.referee import best_gap  # noqa: E402
+from tests.gpu_sglang.test_ddtree_server import first_divergence, plain_top  # noqa: E402
 
 
 def gaps_where_parted(plain, prompts, want, have) -> list[float]:
@@ -28,7 +29,7 @@ def gaps_where_parted(plain, prompts, want, have) -> list[float]:
     for p, w, h in zip(prompts, want, have):
         at = first_divergence(w, h)
         if at < len(h):
-            out.append(round(top2(plain, p + h[:at])[0], 5))
+            out.append(round(best_gap(plain_top(plain, p + h[:at])), 5))
     return out
 
 

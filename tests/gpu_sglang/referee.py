@@ -3,11 +3,12 @@ from plain decoding's, the model without bf16's rounding (the reference engine i
 weights the export serves) says whether the token taken is one it would take.
 
 A parting passes when
-- plain decoding's own (bf16) top-2 gap there is a near tie and the token taken is one of its two best; or
+- plain decoding's own (bf16) log-probs there put the token taken within a near tie of its best (two tokens or
+  more: an exact three-way tie was met on the H200, 2026-12-03); or
 - with a referee: the token taken is the float32 model's argmax ("exact"), or the float32 model itself puts
-  plain decoding's token and the token taken within a near tie, the taken one among its two best
-  ("float32 tie": any bf16 evaluation may flip such a pair; a mixture-of-experts target flips routing choices
-  too, so SGLang's own paths part from plain decoding well past one bf16 step, H200 2026-12-02).
+  the token taken within a near tie of its best ("float32 tie": any bf16 evaluation may flip such a choice; a
+  mixture-of-experts target flips routing choices too, so SGLang's own paths part from plain decoding well
+  past one bf16 step, H200 2026-12-02).
 Anything else is a real difference. The same NEAR_TIE bounds both the bf16 and the float32 gap.
 
 Nothing here imports torch or SGLang at import time: the judgement is checked on the CPU
@@ -32,7 +33,7 @@ class Parting:
     position: int
     plain_token: int
     taken_token: int
-    bf16_gap: float                    # plain decoding's own top-2 log-prob gap there
+    bf16_gap: float                    # how far the token taken lies below plain decoding's best there
     kind: str                          # "near tie" | "exact" | "float32 tie" | "real difference"
     float32_best: int | None = None    # the referee's argmax (None: no referee asked)
     float32_gap: float | None = None   # referee's logp(plain token) - logp(token taken)
@@ -49,36 +50,55 @@ class Parting:
 
     def reason(self) -> str:
         text = (f"position {self.position}: token {self.taken_token} where plain decoding's token is {self.plain_token} "
-                f"and its top-2 gap {self.bf16_gap:.4f}")
+                f"and the token taken lies {self.bf16_gap:.4f} below it")
         if self.float32_best is not None:
             text += (f"; the float32 model picks {self.float32_best}, and puts the token taken {self.float32_gap:.4f} "
                      f"below plain decoding's")
         return text
 
 
-def is_near_tie(gap: float, best: set[int], token: int) -> bool:
-    """A top-2 log-prob gap within NEAR_TIE, `token` one of those two best."""
-    return gap <= NEAR_TIE and token in best
+TopLogprobs = dict[int, float]     # plain decoding's top-k next tokens: token -> log-prob (k >= 2)
 
 
-def judge(position: int, plain_token: int, taken_token: int, bf16_gap: float, bf16_best: set[int],
+def best_gap(top: TopLogprobs) -> float:
+    """The log-prob gap between the two best tokens of `top`."""
+    first, second = sorted(top.values(), reverse=True)[:2]
+    return first - second
+
+
+def gap_to(top: TopLogprobs, token: int) -> float:
+    """How far `token` lies below the best of `top`; a token outside `top` lies at least as far as its last."""
+    return max(top.values()) - top.get(token, min(top.values()))
+
+
+def is_near_tie(top: TopLogprobs, token: int) -> bool:
+    """`token` is among `top` and within NEAR_TIE of its best (a two-way or wider near tie: bf16 may flip any of
+    the tokens inside it; an exact three-way tie is as legitimate a choice as a two-way one)."""
+    return token in top and gap_to(top, token) <= NEAR_TIE
+
+
+def judge(position: int, plain_token: int, taken_token: int, plain_top: TopLogprobs,
           float32_logprobs: Callable[[], object] | None = None) -> Parting:
-    """The verdict on one parting. float32_logprobs: called only past a bf16 near tie, it gives the referee's
-    next-token log-probs [V] on the shared prefix (a torch tensor); None without a referee."""
-    if is_near_tie(bf16_gap, bf16_best, taken_token):
+    """The verdict on one parting. plain_top: plain decoding's own top-k log-probs there (bf16); float32_logprobs:
+    called only past a bf16 near tie, it gives the referee's next-token log-probs [V] on the shared prefix (a torch
+    tensor); None without a referee."""
+    bf16_gap = gap_to(plain_top, taken_token)
+    if is_near_tie(plain_top, taken_token):
         return Parting(position, plain_token, taken_token, bf16_gap, "near tie")
     if float32_logprobs is None:
         return Parting(position, plain_token, taken_token, bf16_gap, "real difference")
     logprobs = float32_logprobs()                                                # [V]
-    top2 = [int(t) for t in logprobs.topk(2).indices]                            # [2]
+    values, tokens = logprobs.topk(min(8, logprobs.numel()))                   # [k], [k]
+    float32_top = {int(t): float(v) for t, v in zip(tokens, values)}
     gap = float(logprobs[plain_token] - logprobs[taken_token])
-    if taken_token == top2[0]:
+    best = int(tokens[0])
+    if taken_token == best:
         kind = "exact"
-    elif is_near_tie(gap, set(top2), taken_token):
+    elif is_near_tie(float32_top, taken_token):
         kind = "float32 tie"
     else:
         kind = "real difference"
-    return Parting(position, plain_token, taken_token, bf16_gap, kind, top2[0], gap)
+    return Parting(position, plain_token, taken_token, bf16_gap, kind, best, gap)
 
 
 @dataclass

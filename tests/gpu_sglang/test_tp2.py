@@ -26,8 +26,8 @@ import statistics
 import pytest
 import torch
 
-from tests.gpu_sglang.referee import NEAR_TIE
-from tests.gpu_sglang.test_ddtree_server import compare_with_plain, first_divergence, outputs, ready, top2
+from tests.gpu_sglang.referee import gap_to, is_near_tie
+from tests.gpu_sglang.test_ddtree_server import compare_with_plain, first_divergence, outputs, plain_top, ready
 from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
@@ -44,8 +44,9 @@ NEW_TOKENS = 256
 
 def plain_choice(plain, context: list[int], token: int) -> tuple[bool, float]:
     """Is `token` plain decoding's next token after context, or one of a near tie? (and the gap)"""
-    gap, best = top2(plain, context)
-    return token in best and (gap <= NEAR_TIE or plain.generate(context, harness.greedy(1))["output_ids"][0] == token), gap
+    top = plain_top(plain, context)
+    gap = gap_to(top, token)
+    return is_near_tie(top, token) or plain.generate(context, harness.greedy(1))["output_ids"][0] == token, gap
 
 
 def test_tp2_greedy_equals_plain_tp2_and_ddtree_tp1(fleet, prompts, record_property):

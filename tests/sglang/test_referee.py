@@ -16,8 +16,8 @@ from ddtree.reference import generate  # noqa: E402
 from ddtree.reference.config import DraftConfig  # noqa: E402
 from ddtree.reference.export import int4_roundtrip  # noqa: E402
 from ddtree.reference.pair import init_pair, load_pair, save_pair  # noqa: E402
-from tests.gpu_sglang.referee import (NEAR_TIE, bf16_served_pair, int4_served_target, judge,  # noqa: E402
-                                      target_referee)
+from tests.gpu_sglang.referee import (NEAR_TIE, best_gap, bf16_served_pair, gap_to, int4_served_target,  # noqa: E402
+                                      is_near_tie, judge, target_referee)
 
 from .test_reference_mla import kimi_shaped  # noqa: E402
 
@@ -30,31 +30,46 @@ def logprobs(values: dict[int, float], vocab: int = 8) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("bf16_gap,bf16_best,f32,kind", [
-    (0.03125, {3, 5}, None, "near tie"),                                  # plain decoding's own near tie
-    (0.0, {3, 5}, None, "near tie"),
-    (0.03125, {3, 5}, {3: -0.1, 5: -0.3}, "near tie"),                   # a bf16 near tie: no referee asked
-    (0.03125, {3, 6}, None, "real difference"),                           # a near tie, but not the token taken
-    (0.59, {3, 5}, None, "real difference"),                              # no referee: the strict rule
-    (0.59, {3, 5}, {5: -0.1, 3: -0.3}, "exact"),                          # the float32 model takes it
-    (0.59, {3, 5}, {3: -0.10, 5: -0.14}, "float32 tie"),                  # float32 within a near tie
-    (0.59, {3, 5}, {3: -0.1, 5: -0.1 - NEAR_TIE}, "float32 tie"),         # at the bound
-    (0.59, {3, 5}, {3: -0.1, 5: -0.2}, "real difference"),                # float32 prefers plain's by 0.1
-    (0.59, {3, 5}, {3: -0.10, 4: -0.11, 5: -0.12}, "real difference"),    # within the gap but third
+NEAR = {3: -0.5, 5: -0.53125}                    # plain decoding's top: its token 3, token 5 a near tie below
+FAR = {3: -0.1, 5: -0.69}                        # token 5 0.59 below: no near tie
+
+
+@pytest.mark.parametrize("plain_top,f32,kind", [
+    (NEAR, None, "near tie"),                                              # plain decoding's own near tie
+    ({3: -0.5, 5: -0.5}, None, "near tie"),
+    ({3: -0.5, 4: -0.5, 5: -0.5}, None, "near tie"),                       # an exact three-way tie
+    ({3: -0.5, 4: -0.52, 5: -0.5 - NEAR_TIE - 0.01}, None, "real difference"),  # third, past the bound
+    (NEAR, {3: -0.1, 5: -0.3}, "near tie"),                                # a bf16 near tie: no referee asked
+    ({3: -0.5, 6: -0.51}, None, "real difference"),                        # a near tie, but not the token taken
+    (FAR, None, "real difference"),                                        # no referee: the strict rule
+    (FAR, {5: -0.1, 3: -0.3}, "exact"),                                    # the float32 model takes it
+    (FAR, {3: -0.10, 5: -0.14}, "float32 tie"),                            # float32 within a near tie
+    (FAR, {3: -0.1, 5: -0.1 - NEAR_TIE}, "float32 tie"),                   # at the bound
+    (FAR, {3: -0.1, 5: -0.2}, "real difference"),                          # float32 prefers plain's by 0.1
+    (FAR, {3: -0.10, 4: -0.11, 5: -0.12}, "float32 tie"),                  # third, inside a three-way near tie
+    (FAR, {3: -0.10, 4: -0.11, 5: -0.2}, "real difference"),               # third, past the bound
 ])
-def test_a_parting_is_judged_by_the_near_tie_rule_then_the_float32_model(bf16_gap, bf16_best, f32, kind):
+def test_a_parting_is_judged_by_the_near_tie_rule_then_the_float32_model(plain_top, f32, kind):
     asked = []
-    parting = judge(17, 3, 5, bf16_gap, bf16_best, None if f32 is None else lambda: asked.append(1) or logprobs(f32))
+    parting = judge(17, 3, 5, plain_top, None if f32 is None else lambda: asked.append(1) or logprobs(f32))
     assert len(asked) == (f32 is not None and kind != "near tie")          # the referee runs past a near tie only
     assert parting.kind == kind
     assert parting.passed == (kind != "real difference")
+    assert math.isclose(parting.bf16_gap, max(plain_top.values()) - plain_top.get(5, min(plain_top.values())))
     if f32 is not None and kind != "near tie":
         assert parting.float32_best == max(f32, key=f32.get)
         assert math.isclose(parting.float32_gap, f32.get(3, -30.0) - f32.get(5, -30.0), abs_tol=1e-6)
     if not parting.passed:
-        assert "position 17: token 5" in parting.reason() and f"top-2 gap {bf16_gap:.4f}" in parting.reason()
+        assert "position 17: token 5" in parting.reason() and f"lies {parting.bf16_gap:.4f} below" in parting.reason()
     if kind in ("exact", "float32 tie"):
         assert parting.record()[0] == kind
+
+
+def test_gaps_read_from_a_top_k():
+    top = {1: -0.2, 2: -0.7, 9: -1.5}
+    assert math.isclose(best_gap(top), 0.5) and math.isclose(gap_to(top, 2), 0.5)
+    assert math.isclose(gap_to(top, 4), 1.3)                               # outside the top k: at least its last
+    assert is_near_tie({1: -0.2, 2: -0.2 - NEAR_TIE}, 2) and not is_near_tie({1: -0.2, 2: -0.3}, 7)
 
 
 @pytest.fixture(scope="module")
