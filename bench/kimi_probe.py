@@ -28,7 +28,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_servers as harness  # noqa: E402
-from mla_probe import first_divergence  # noqa: E402
 
 from ddtree.reference.export import int4_quantization_config  # noqa: E402
 
@@ -192,7 +191,7 @@ def run(args) -> list[dict]:
         got, want = outputs.get(row["server"]), outputs.get(ref) if ref else None
         if got and want:
             row["equal_to_" + ref] = f"{sum(a == b for a, b in zip(want, got))}/{len(want)}"
-            row["first_divergences"] = [first_divergence(a, b) for a, b in zip(want, got)]
+            row["first_divergences"] = [harness.first_divergence(a, b) for a, b in zip(want, got)]
         if row["radix"] and outputs.get(row["server"] + "/radix-prompts") and outputs.get("none/radix-prompts"):
             mine, plain = outputs[row["server"] + "/radix-prompts"], outputs["none/radix-prompts"]
             row["radix_prompts_equal_to_none_without_cache"] = f"{sum(a == b for a, b in zip(plain, mine))}/{len(plain)}"

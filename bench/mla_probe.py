@@ -59,10 +59,6 @@ def write_pair(root: Path) -> Path:
     return root
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -88,7 +84,7 @@ def main(argv=None) -> int:
         got = outputs.get(row["server"])
         if base and got:
             row["equal_to_none"] = f"{sum(a == b for a, b in zip(base, got))}/{len(base)}"
-            row["first_divergences"] = [first_divergence(a, b) for a, b in zip(base, got)]
+            row["first_divergences"] = [harness.first_divergence(a, b) for a, b in zip(base, got)]
     print("| server | healthy after (s) | accept length (1st request) | equal to NONE | first divergence per prompt | errors |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -20,15 +20,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_servers as harness  # noqa: E402
 
 from tests.gpu_sglang.referee import best_gap  # noqa: E402
-from tests.gpu_sglang.test_ddtree_server import first_divergence, plain_top  # noqa: E402
+from tests.gpu_sglang.test_ddtree_server import plain_top  # noqa: E402
 
 
 def gaps_where_parted(plain, prompts, want, have) -> list[float]:
     """Plain decoding's top-2 gap at the first token where each output parts from `want` (none if identical)."""
     out = []
     for p, w, h in zip(prompts, want, have):
-        at = first_divergence(w, h)
-        if at < len(h):
+        at = harness.first_divergence(w, h)
+        if at is not None and at < len(h):
             out.append(round(best_gap(plain_top(plain, p + h[:at])), 5))
     return out
 

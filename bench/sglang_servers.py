@@ -279,6 +279,14 @@ class Server:
             return r.read().decode()
 
 
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Where two token lists first differ: None when they are equal, else the first differing index, or the
+    shorter one's length when it is a prefix of the other."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def greedy(max_new_tokens: int = MAX_NEW_TOKENS) -> dict:
     return {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
 

@@ -2,7 +2,7 @@
 
 budget (draft-tree nodes verified per step, width budget + 1 with the root), topk_cap (candidates
 per depth) and the draft's block size (the bonus slot + L = block - 1 depths). The SGLang plugin
-(`ddtree.sglang.settings`), the reference server's CLI (`ddtree.serve.cli`) and the reference
+(`ddtree.sglang.refusals`), the reference server's CLI (`ddtree.serve.cli`) and the reference
 engine (`ddtree.reference.engine`) check their values here; the deployment's preflight checks the
 same ranges before any change (`roles/preflight/vars/main.yml` holds the same limits, and
 `tests/ansible/test_static.py` checks that they agree with this module).
@@ -13,10 +13,12 @@ argument), the value, and what is allowed. Plain Python: no torch, no SGLang.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 DEFAULT_BUDGET = 32       # the tested defaults (docs/benchmarks.md)
 DEFAULT_TOPK_CAP = 8
+SCHEDULE_TEXT = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
 MAX_BUDGET = 1023         # the verify width budget + 1 stays within 1024 tokens per request
 
 
@@ -126,11 +128,10 @@ def parse_schedule(text: str | int, name: str, maximum: int = MAX_BUDGET) -> Sch
            f"and the batches increasing, e.g. 1:64,8:32,32:8")
     if raw.isdigit():
         steps = ((1, int(raw)),)
+    elif SCHEDULE_TEXT.fullmatch(raw):                                  # digits, ':' and ',' only (as preflight)
+        steps = tuple((int(b), int(v)) for b, v in (part.split(":") for part in raw.split(",")))
     else:
-        try:
-            steps = tuple((int(b), int(v)) for b, v in (part.split(":") for part in raw.split(",")))
-        except ValueError:
-            raise DDTreeConfigError(f"{name}={shown} is invalid: {fix}") from None
+        raise DDTreeConfigError(f"{name}={shown} is invalid: {fix}")
     if not steps or steps[0][0] != 1 or any(b2 <= b1 for (b1, _), (b2, _) in zip(steps, steps[1:])):
         raise DDTreeConfigError(f"{name}={shown} is invalid: {fix}")
     bad = [v for _, v in steps if not 1 <= v <= maximum]

@@ -336,7 +336,7 @@ def test_preflight_passes_sglang_with_ddtree(tmp_path, sglang_pair_dir, switched
 
 
 def test_preflight_names_the_plugins_own_switches():
-    from ddtree.sglang.settings import ENV_OVERLAP, ENV_SCHEDULE
+    from ddtree.sglang.server_env import ENV_OVERLAP, ENV_SCHEDULE
 
     relations = (ROOT / "roles/preflight/tasks/relations.yml").read_text()
     for name in (ENV_OVERLAP, ENV_SCHEDULE):

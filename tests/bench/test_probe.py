@@ -60,3 +60,10 @@ def test_the_kimi_pairs_keep_kimis_widths_and_the_drafts_layout(tmp_path):
     # the wrapper's servers are language-model-only; the fallback's are not
     assert all("--language-model-only" in p.config.extra for p in kimi_probe.probes("wrapper"))
     assert not any("--language-model-only" in p.config.extra for p in kimi_probe.probes("all", arch="dsv3"))
+
+
+def test_first_divergence_is_one_answer_for_the_probes_and_the_gpu_tests():
+    assert harness.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert harness.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert harness.first_divergence([1, 2], [1, 2, 3]) == 2 and harness.first_divergence([1, 2, 3], [1, 2]) == 2
+    assert harness.first_divergence([], [4]) == 0

@@ -57,10 +57,6 @@ def none_greedy(fleet, prompts) -> list[list[int]]:
     return outputs(ready(fleet, "none").complete_all(prompts, harness.greedy(), 1))
 
 
-def first_divergence(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def plain_top(server: harness.Server, context: list[int], k: int = 5) -> TopLogprobs:
     """Plain decoding's k best next tokens after `context` and their log-probs (k > 2: a tie may hold three)."""
     r = server.generate(context, harness.greedy(1), return_logprob=True, top_logprobs_num=k)
@@ -75,7 +71,7 @@ def near_ties_against_plain(plain: harness.Server, prompt: list[int], want: list
     tokens, and so on. Returns the partings met (Parting.record: the bf16 gap of a near tie, else
     (kind, bf16 gap, float32 gap)) and the first real difference (None if none)."""
     partings = []
-    while (at := first_divergence(want, have)) < len(have):
+    while (at := harness.first_divergence(want, have)) is not None and at < len(have):
         context = prompt + have[:at]
         parting = judge(at, want[at], have[at], plain_top(plain, context),
                         None if exact is None else lambda: exact.logprobs(context))
@@ -210,7 +206,7 @@ def chain_dflash_partings(plain: harness.Server, prompts, chain: list[list[int]]
     DFLASH's token, how far each lies below plain decoding's best on the shared prefix)."""
     out = []
     for i, (c, d) in enumerate(zip(chain, dflash)):
-        if c != d and (at := first_divergence(c, d)) < min(len(c), len(d)):
+        if c != d and (at := harness.first_divergence(c, d)) < min(len(c), len(d)):
             top = plain_top(plain, prompts[i] + c[:at])
             out.append((i, at, c[at], d[at], round(gap_to(top, c[at]), 5), round(gap_to(top, d[at]), 5)))
     return out

@@ -22,7 +22,7 @@ import statistics
 import pytest
 
 from tests.gpu_sglang.referee import TopLogprobs, best_gap, gap_to, is_near_tie
-from tests.gpu_sglang.test_ddtree_server import first_divergence, mean_accept, outputs, ready
+from tests.gpu_sglang.test_ddtree_server import mean_accept, outputs, ready
 from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
@@ -100,7 +100,7 @@ def against_none(plain: harness.Server, prompt: list[int], kind: str | None, wan
     """(the answers are identical, the near-tie gap where they part or None, the real difference or None)."""
     if want == got:
         return True, None, None
-    at = first_divergence(want, got)
+    at = harness.first_divergence(want, got)
     top = top_at(plain, prompt, kind, at)
     if at < len(got) and is_near_tie(top, got[at]):
         return False, round(gap_to(top, got[at]), 5), None

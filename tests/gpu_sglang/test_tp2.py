@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from tests.gpu_sglang.referee import gap_to, is_near_tie
-from tests.gpu_sglang.test_ddtree_server import compare_with_plain, first_divergence, outputs, plain_top, ready
+from tests.gpu_sglang.test_ddtree_server import compare_with_plain, outputs, plain_top, ready
 from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
@@ -71,7 +71,7 @@ def test_tp2_greedy_equals_plain_tp2_and_ddtree_tp1(fleet, prompts, record_prope
             if a == b:
                 same += 1
                 continue
-            at = first_divergence(a, b)
+            at = harness.first_divergence(a, b)
             context = prompts[i] + a[:at]
             ok1, gap1 = plain_choice(plain1, context, a[at])
             ok2, gap2 = plain_choice(plain2, context, b[at])

@@ -146,11 +146,25 @@ def test_every_target_is_scraped_with_its_host_and_the_host_metrics_arrive(monit
     assert {"K26ServerDown", "K26GatewayWorkerNotReady", "K26AcceptLengthLow", "K26LockHeldTooLong"} <= names
 
 
+def why_firing(firing: list[dict]) -> str:
+    """For each alert firing on a k26 host: that host's k26-ddtree restarts and failures from its journal (CI,
+    2026-12-03: K26RestartLoop fired on the first server right after the fleet deploy; this says why next time)."""
+    hosts = {"sandbox": "k26-sandbox", "sandbox2": "k26-sandbox-2"}
+    out = []
+    for name in sorted({a["labels"].get("host", "") for a in firing} & set(hosts)):
+        journal = guest("journalctl -u k26-ddtree --since '-40min' --no-pager -o short-iso | "
+                        "grep -E 'restart counter|Failed|exited|Started|Stopped|Error|error' | tail -40; "
+                        "systemctl show k26-ddtree -p NRestarts -p ActiveEnterTimestamp -p NeedDaemonReload",
+                        host=hosts[name], check=False).stdout
+        out.append(f"--- {name}:\n{journal}")
+    return "\n".join(out)
+
+
 def test_a_healthy_fleet_raises_nothing_for_full_evaluation_cycles(monitored):
     since = time.monotonic()
     time.sleep(4 * EVALUATION + GROUP_WAIT)
     firing = [a for a in alerts() if a["state"] == "firing"]
-    assert firing == [], firing
+    assert firing == [], f"{firing}\n{why_firing(firing)}"
     assert [a for a in monitored.alerts if a["received"] >= since] == []
 
 

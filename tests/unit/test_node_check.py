@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from ddtree.sglang import switches
 from ddtree.sglang.step_dump import Diagnostics, StepDump, leak_siblings
 from ddtree.tree import build_tree
 from tests.gpu_sglang import node_check as nc
@@ -203,9 +204,9 @@ def test_kv_delta_separates_prompt_and_answer():
                                           ({"SGLANG_DDTREE_DUMP_STEPS": "0"}, "SGLANG_DDTREE_DUMP_STEPS='0'")])
 def test_diagnostics_switches_name_a_bad_value(env, problem):
     with pytest.raises(ValueError, match=problem.replace("(", r"\(")):
-        Diagnostics.from_env(env)
+        Diagnostics.from_switches(switches.read(env))
 
 
 def test_diagnostics_are_off_by_default():
-    d = Diagnostics.from_env({})
+    d = Diagnostics.from_switches(switches.read({}))
     assert not d.active and d.dump_dir is None and d.fault is None

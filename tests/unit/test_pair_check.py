@@ -65,6 +65,6 @@ def test_a_ddtree_service_on_an_mla_target_takes_triton_only():
 
 def test_the_host_side_list_of_mla_backends_is_the_plugins():
     """The pair check runs on the host without this package, so it keeps its own copy: the same one."""
-    from ddtree.sglang.settings import MLA_MASK_BACKENDS
+    from ddtree.sglang.refusals import MLA_MASK_BACKENDS
 
     assert check.MLA_BACKENDS == MLA_MASK_BACKENDS

@@ -12,10 +12,11 @@ from safetensors.torch import load_file
 from ddtree.reference.config import DraftConfig, TargetConfig
 from ddtree.reference.export import draft_config, export_pair
 from ddtree.reference.pair import init_pair
+from ddtree.sglang import switches
 from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DDTreeConfigError, DDTreeSettings
-from ddtree.sglang.settings import (block_to_env, draft_block_size, from_env, refusals, resolved_block,
-                                    schedule_to_env, validate)
+from ddtree.sglang.refusals import refusals, validate
+from ddtree.sglang.server_env import block_to_env, draft_block_size, from_env, resolved_block, schedule_to_env
 
 
 def server(**changes):
@@ -107,7 +108,7 @@ def test_settings_travel_through_the_environment():
 
 
 def test_a_schedule_travels_through_the_environment_and_sizes_for_its_widest_step():
-    from ddtree.sglang.settings import schedule_from_env
+    from ddtree.sglang.server_env import schedule_from_env
 
     env: dict = {}
     schedule_to_env(" 1:64,8:32,32:8 ", "1:8,32:4", env)
@@ -212,12 +213,12 @@ def test_penalties_stay_refused_under_the_overlap_scheduler():
 
 def test_served_features_are_read_from_the_server_args_and_its_environment():
     args = NS(enable_deterministic_inference=True, disable_overlap_schedule=False)
-    served = ServedFeatures.from_server(args, {"SGLANG_DDTREE_GRAMMARS": "1", "SGLANG_DDTREE_LOGPROBS": "0"})
+    served = ServedFeatures.from_server(args, switches.read({"SGLANG_DDTREE_GRAMMARS": "1", "SGLANG_DDTREE_LOGPROBS": "0"}))
     assert served == ServedFeatures(deterministic=True, grammars=True, overlap=True)
-    assert ServedFeatures.from_server(NS(), {}) == ServedFeatures()      # SGLang's defaults: overlap off here
+    assert ServedFeatures.from_server(NS(), switches.read({})) == ServedFeatures()      # SGLang's defaults: overlap off here
     everything = {name: "1" for name in ("SGLANG_DDTREE_PENALTIES", "SGLANG_DDTREE_LOGPROBS",
                                          "SGLANG_DDTREE_GRAMMARS", "SGLANG_DDTREE_PROCESSORS")}
-    served = ServedFeatures.from_server(NS(disable_overlap_schedule=True), everything)
+    served = ServedFeatures.from_server(NS(disable_overlap_schedule=True), switches.read(everything))
     asks = NS(return_logprob=True, top_logprobs_num=3, custom_logit_processor="p")
     assert request_refusal({"json_schema": "{}", "min_new_tokens": 4}, asks, served) is None
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from ddtree.sglang import switches
 from ddtree.sglang.profile import OFF, StepProfiler, parse_profile_lines
 
 
@@ -71,14 +72,18 @@ def test_the_logged_line_parses_back():
         assert back.stages[name] == pytest.approx((h, t), abs=1e-3)
 
 
-def test_from_env_off_on_and_a_bad_value():
-    assert StepProfiler.from_env(lambda: None, env={}) is None
-    assert StepProfiler.from_env(lambda: None, env={"SGLANG_DDTREE_PROFILE_STEPS": "0"}) is None
-    assert StepProfiler.from_env(lambda: None, env={"SGLANG_DDTREE_PROFILE_STEPS": "50"}).every == 50
-    with pytest.raises(ValueError, match=r"SGLANG_DDTREE_PROFILE_STEPS='x' is invalid: expected a positive"):
-        StepProfiler.from_env(lambda: None, env={"SGLANG_DDTREE_PROFILE_STEPS": "x"})
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_PROFILE_STEPS=-3 is invalid"):
-        StepProfiler.from_env(lambda: None, env={"SGLANG_DDTREE_PROFILE_STEPS": "-3"})
+def profiler(env: dict) -> StepProfiler | None:
+    return StepProfiler.from_switches(switches.read(env), lambda: None)
+
+
+def test_from_switches_off_on_and_a_bad_value():
+    assert profiler({}) is None
+    assert profiler({"SGLANG_DDTREE_PROFILE_STEPS": "0"}) is None
+    assert profiler({"SGLANG_DDTREE_PROFILE_STEPS": "50"}).every == 50
+    with pytest.raises(ValueError, match=r"SGLANG_DDTREE_PROFILE_STEPS='x' is invalid: expected a whole number"):
+        profiler({"SGLANG_DDTREE_PROFILE_STEPS": "x"})
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_PROFILE_STEPS='-3' is invalid"):
+        profiler({"SGLANG_DDTREE_PROFILE_STEPS": "-3"})
 
 
 def test_off_never_synchronises():

@@ -31,7 +31,9 @@ FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 ENV_VALUE = re.compile(r"[A-Za-z0-9._:/,=@+ -]*")
 # the plugin's test-bed diagnostics (ddtree.sglang.step_dump): never on a served host
-TEST_BED_ONLY = ("SGLANG_DDTREE_FAULT", "SGLANG_DDTREE_DUMP")
+# the plugin's test-bed switches (ddtree.sglang.switches, test_bed_only;
+# tests/unit/test_switches.py holds the two equal)
+TEST_BED_ONLY = ("SGLANG_DDTREE_DUMP", "SGLANG_DDTREE_DUMP_STEPS", "SGLANG_DDTREE_FAULT")
 API_KEY = re.compile(r"[A-Za-z0-9._~+/=-]+")
 URL = re.compile(r"https?://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})")
 DEVICE = re.compile(r"(char-[a-z0-9_-]+|block-[a-z0-9_-]+|/dev/[A-Za-z0-9._/-]+) [rwm]{1,3}")
@@ -273,7 +275,7 @@ def _env(value, rule: Mapping) -> str | None:
     for name, item in value.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             return f"name {name!r} is not an environment variable name (A-Z, 0-9, _)"
-        if name.startswith(TEST_BED_ONLY):
+        if name in TEST_BED_ONLY:
             return (f"{name} is a GPU test bed diagnostic (a deliberate fault or a per-step dump: wrong or slow "
                     "answers); remove it from k26_service_env")
         if isinstance(item, (Mapping, list)) or item is None:

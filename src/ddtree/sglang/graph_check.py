@@ -14,14 +14,14 @@ hook.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from ddtree.graphs import GraphBufferError
+from ddtree.sglang import switches
 
-ENV = "SGLANG_DDTREE_GRAPH_CHECK"
+ENV = switches.NAME["graph_check"]
 TARGET = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.load_batch"
 TOKEN_FIELDS = ("input_ids", "positions", "out_cache_loc")    # one row per token: [bs * width]
 REQUEST_FIELDS = ("req_pool_indices", "seq_lens")              # one row per request: [bs]
@@ -34,11 +34,9 @@ class Expected:
     floating: bool          # float (embeddings) or integer (ids, positions, slots, lengths)
 
 
-def enabled() -> bool:
-    value = os.environ.get(ENV, "on").strip().lower()
-    if value not in ("on", "off"):
-        raise ValueError(f"{ENV}={value!r} is invalid: expected 'on' (default) or 'off'")
-    return value == "on"
+def enabled(environ=None) -> bool:
+    """SGLANG_DDTREE_GRAPH_CHECK (ddtree.sglang.switches): on unless switched off; a bad value raises."""
+    return switches.read(environ).graph_check
 
 
 def applies_to(runner, forward_batch) -> bool:

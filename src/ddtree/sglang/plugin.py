@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
-from ddtree.sglang import graph_check, keys
+from ddtree.sglang import graph_check, keys, switches
 from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
-from ddtree.sglang.settings import (ENV_SCHEDULE, block_to_env, draft_block_size, from_env, overlap_allowed,
-                                    resolved_block, schedule_from_env, schedule_to_env, validate)
+from ddtree.sglang.refusals import validate
+from ddtree.sglang.server_env import (ENV_SCHEDULE, block_to_env, draft_block_size, from_env, overlap_allowed,
+                                      resolved_block, schedule_from_env, schedule_to_env)
 
 log = logging.getLogger(__name__)
 ALGORITHM = "DDTREE"
@@ -94,6 +94,17 @@ def handle_server_args(server_args) -> None:
     block_to_env(settings.block_size)
 
 
+_SERVED: dict[int, ServedFeatures] = {}     # id(server_args) -> what that server serves, read at its first request
+
+
+def _served(server_args) -> ServedFeatures:
+    """What this server serves (its flags and switches), read once per server."""
+    key = id(server_args)
+    if key not in _SERVED:
+        _SERVED[key] = ServedFeatures.from_server(server_args, switches.read())
+    return _SERVED[key]
+
+
 def refuse_unsupported_requests(*args, **kwargs):
     """BEFORE hook on sglang 0.5.23 TokenizerManager._validate_one_request(self, obj, input_ids).
 
@@ -104,7 +115,7 @@ def refuse_unsupported_requests(*args, **kwargs):
     algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
     if algorithm != ALGORITHM or obj is None:
         return None
-    served = ServedFeatures.from_server(manager.server_args, os.environ)
+    served = _served(manager.server_args)
     message = request_refusal(getattr(obj, "sampling_params", None), obj, served)
     if message:
         raise ValueError(message)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import statistics
 import time
@@ -27,7 +26,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-ENV_PROFILE_STEPS = "SGLANG_DDTREE_PROFILE_STEPS"
+from ddtree.sglang import switches
+
+ENV_PROFILE_STEPS = switches.NAME["profile_steps"]
 LINE = re.compile(r"DDTREE step profile bs=(\d+) steps=(\d+) \(median ms host/total\): (.*)")
 STAGE = re.compile(r"(\w+) ([\d.]+)/([\d.]+)")
 GAP_LIMIT_S = 0.05     # a gap longer than this between two decode steps is not the scheduler's step overhead
@@ -79,17 +80,9 @@ class StepProfiler:
         self._last_end: float | None = None
 
     @classmethod
-    def from_env(cls, sync: Callable[[], None], env=None) -> "StepProfiler | None":
-        env = os.environ if env is None else env
-        raw = env.get(ENV_PROFILE_STEPS, "")
-        if raw in ("", "0"):
-            return None
-        try:
-            every = int(raw)
-        except ValueError:
-            raise ValueError(f"{ENV_PROFILE_STEPS}={raw!r} is invalid: expected a positive integer "
-                             "(steps per logged line) or 0 for off") from None
-        return cls(every, sync)
+    def from_switches(cls, read: switches.Switches, sync: Callable[[], None]) -> StepProfiler | None:
+        """SGLANG_DDTREE_PROFILE_STEPS: steps per logged line, unset or 0 for off."""
+        return cls(read.profile_steps, sync) if read.profile_steps else None
 
     def begin(self, batch_size: int) -> None:
         self.sync()

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddtree.sglang.switches import Switches
+
 FIX = "send the request without it, or to a server with --speculative-algorithm DFLASH or NONE"
 
 # sampling_params fields and their neutral values
@@ -31,10 +33,7 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 # switches for request features the worker implements but the GPU test bed has not yet shown equal to NONE;
 # each is refused per request unless its variable is 1 in the server's environment
-ENV_PENALTIES = "SGLANG_DDTREE_PENALTIES"      # per-node penalties and min_new_tokens (ddtree.penalties)
-ENV_LOGPROBS = "SGLANG_DDTREE_LOGPROBS"        # output logprobs of the committed tokens
-ENV_GRAMMARS = "SGLANG_DDTREE_GRAMMARS"        # constrained trees (grammar.py: legal paths, per-node bitmasks)
-ENV_PROCESSORS = "SGLANG_DDTREE_PROCESSORS"    # custom logit processors per node with the node's own path
+# (SGLANG_DDTREE_PENALTIES, _LOGPROBS, _GRAMMARS, _PROCESSORS: ddtree.sglang.switches)
 
 
 @dataclass(frozen=True)
@@ -55,13 +54,11 @@ class ServedFeatures:
     overlap: bool = False
 
     @classmethod
-    def from_server(cls, server_args: object, environ: Mapping[str, str]) -> ServedFeatures:
-        """Read from SGLang's ServerArgs (getattr) and the server's environment."""
+    def from_server(cls, server_args: object, read: Switches) -> ServedFeatures:
+        """From SGLang's ServerArgs (getattr) and the server's switches (ddtree.sglang.switches.read)."""
         return cls(deterministic=bool(getattr(server_args, "enable_deterministic_inference", False)),
-                   penalties=environ.get(ENV_PENALTIES) == "1",
-                   logprobs=environ.get(ENV_LOGPROBS) == "1",
-                   grammars=environ.get(ENV_GRAMMARS) == "1",
-                   processors=environ.get(ENV_PROCESSORS) == "1",
+                   penalties=read.penalties, logprobs=read.logprobs, grammars=read.grammars,
+                   processors=read.processors,
                    overlap=not bool(getattr(server_args, "disable_overlap_schedule", True)))
 
     @property

@@ -19,42 +19,30 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ddtree.sglang import switches
 from ddtree.types import DraftTree
 
-ENV_DUMP = "SGLANG_DDTREE_DUMP"
-ENV_DUMP_STEPS = "SGLANG_DDTREE_DUMP_STEPS"
-ENV_FAULT = "SGLANG_DDTREE_FAULT"
-FAULTS = ("sibling",)
+FAULT_NAME = switches.NAME["fault"]
 DEFAULT_STEPS = 400
 logger = logging.getLogger("ddtree.sglang.step_dump")
 
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """The diagnostics switches, read once at start-up."""
+    """The diagnostics switches (SGLANG_DDTREE_DUMP, _DUMP_STEPS, _FAULT), read once at start-up."""
 
     dump_dir: Path | None = None
     dump_steps: int = DEFAULT_STEPS
     fault: str | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Diagnostics:
-        folder = environ.get(ENV_DUMP, "")
-        steps_text = environ.get(ENV_DUMP_STEPS, str(DEFAULT_STEPS))
-        if not steps_text.isdigit() or int(steps_text) < 1:
-            raise ValueError(f"{ENV_DUMP_STEPS}={steps_text!r} is invalid: expected a whole number of steps >= 1")
-        fault = environ.get(ENV_FAULT, "") or None
-        if fault is not None and fault not in FAULTS:
-            raise ValueError(f"{ENV_FAULT}={fault!r} is invalid: expected one of {', '.join(FAULTS)} (or unset)")
-        if folder and not Path(folder).is_absolute():
-            raise ValueError(f"{ENV_DUMP}={folder!r} is invalid: expected an absolute folder path")
-        return cls(dump_dir=Path(folder) if folder else None, dump_steps=int(steps_text), fault=fault)
+    def from_switches(cls, read: switches.Switches) -> Diagnostics:
+        return cls(dump_dir=read.dump, dump_steps=read.dump_steps, fault=read.fault)
 
     @property
     def active(self) -> bool:
@@ -120,4 +108,4 @@ def announce(diagnostics: Diagnostics) -> None:
                        "(the first %d steps); a test-bed mode, slow", diagnostics.dump_dir, diagnostics.dump_steps)
     if diagnostics.fault is not None:
         logger.error("DDTREE DELIBERATE FAULT %s=%s: tree nodes see their earlier siblings; answers are WRONG "
-                     "(a test-bed mode for showing that a check catches it)", ENV_FAULT, diagnostics.fault)
+                     "(a test-bed mode for showing that a check catches it)", FAULT_NAME, diagnostics.fault)

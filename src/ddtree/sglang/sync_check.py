@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import warnings
 
 import torch
 
-ENV = "SGLANG_DDTREE_SYNC_CHECK"
+from ddtree.sglang import switches
+
+ENV = switches.NAME["sync_check"]
 MODES = ("warn", "error")
 MARK = "DDTREE sync check: a synchronizing CUDA operation at"
 logger = logging.getLogger("ddtree.sglang.sync_check")
@@ -34,9 +35,8 @@ class SyncCheck:
         self.seen: set[tuple[str, int]] = set()
 
     @classmethod
-    def from_env(cls) -> SyncCheck | None:
-        mode = os.environ.get(ENV, "")
-        return cls(mode) if mode else None
+    def from_switches(cls, read: switches.Switches) -> SyncCheck | None:
+        return cls(read.sync_check) if read.sync_check else None
 
     @contextlib.contextmanager
     def step(self):

@@ -50,7 +50,7 @@ Refused at start-up (settings.refusals), and again here where only the loaded mo
 DFlash2 selector, LiLiCorr and Domino drafts, hybrid (mamba) and sliding-window targets,
 quantized or added-vocabulary LM heads. Per request (requests.py): logprobs, grammars, penalties and
 min_new_tokens, custom logit processors are served here but refused unless their switch is set
-(requests.ENV_LOGPROBS, ENV_GRAMMARS, ENV_PENALTIES, ENV_PROCESSORS) until the GPU test bed has shown them
+(SGLANG_DDTREE_LOGPROBS, _GRAMMARS, _PENALTIES, _PROCESSORS: ddtree.sglang.switches) until the GPU test bed has shown them
 equal to NONE.
 """
 
@@ -87,7 +87,8 @@ from ddtree.sglang.profile import OFF, StepProfiler
 from ddtree.sglang.seeded import seeded_node_targets
 from ddtree.sglang.sync_check import SyncCheck
 from ddtree.settings import DDTreeConfigError
-from ddtree.sglang.settings import from_env, resolved_block, schedule_from_env
+from ddtree.sglang.server_env import from_env, resolved_block, schedule_from_env
+from ddtree.sglang import switches
 from ddtree.sglang.step_dump import Diagnostics, StepDump, announce, leak_siblings
 from ddtree.sglang.widths import TargetWidths
 from ddtree.tree import build_tree_from_candidates, candidate_count
@@ -118,12 +119,13 @@ class DDTreeWorker(DFlashWorkerV2):
         if problem:
             raise DDTreeConfigError(problem)
         self._ddtree_head = DraftCandidateHead(self._ddtree_head_shard(), self._ddtree_k(), block, max_bs=0)
-        self._ddtree_prof = StepProfiler.from_env(torch.cuda.synchronize) or OFF
-        self._ddtree_sync = SyncCheck.from_env()                                  # None unless diagnosing
+        read = switches.read()                                                    # every SGLANG_DDTREE_* once
+        self._ddtree_prof = StepProfiler.from_switches(read, torch.cuda.synchronize) or OFF
+        self._ddtree_sync = SyncCheck.from_switches(read)                         # None unless diagnosing
         self._ddtree_schedule = schedule_from_env()
         self._ddtree_widths: TargetWidths | None = None                          # built in init_cuda_graphs
         self._ddtree_prewarm_trees()
-        self._ddtree_diag = Diagnostics.from_env()                                 # test-bed diagnostics
+        self._ddtree_diag = Diagnostics.from_switches(read)                       # test-bed diagnostics
         announce(self._ddtree_diag)
         self._ddtree_dump = (StepDump(self._ddtree_diag.dump_dir, self._ddtree_diag.dump_steps)
                              if self._ddtree_diag.dump_dir is not None else None)

@@ -1,21 +1,6 @@
-"""DDTree settings of an SGLang server and their validation (no SGLang import).
-
-`sglang serve --speculative-ddtree-budget N --speculative-ddtree-topk-cap K` are added to
-SGLang's parser by the plugin. ServerArgs.from_cli_args copies only ServerArgs' own fields, so
-the plugin copies these two values into the environment (SGLANG_DDTREE_BUDGET,
-SGLANG_DDTREE_TOPK_CAP), which the spawned scheduler processes inherit; setting the variables
-directly (e.g. in the unit's env file) works too. The draft's block size, resolved at start-up
-from `--speculative-dflash-block-size` or the draft's config.json, travels the same way
-(SGLANG_DDTREE_BLOCK_SIZE).
-
-How a DDTREE server is sized (plugin.DDTreeSpec.handle_server_args): SGLang's
-`speculative_num_draft_tokens` is the verify width budget + 1 (it sizes the KV reservation of a
-step, 2 x that width, the target-verify CUDA graphs and the tree-mask buffer), while the draft
-keeps its own block (its runner's graphs and its forward). So the draft's block must fit in the
-verify window: budget + 1 >= block size.
-
-`refusals(settings, server_args)` lists every server setting the DDTREE decode path does not
-cover, each message naming the flag, its value and the fix; `validate` raises the first.
+"""The start-up refusals of a DDTREE server (no SGLang import): `refusals(settings, server_args)` lists every
+server setting the DDTREE decode path does not cover, each message naming the flag, its value and the fix;
+`validate` raises the first. server_args is SGLang's ServerArgs or alike (read with getattr).
 """
 
 from __future__ import annotations
@@ -23,137 +8,20 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from ddtree.settings import (DEFAULT_BUDGET, DEFAULT_TOPK_CAP, SERVER_FLAGS, DDTreeConfigError, DDTreeSettings,
-                             Schedule, parse_schedule, schedule_problems)
+from ddtree.settings import SERVER_FLAGS, DDTreeConfigError, DDTreeSettings
+from ddtree.sglang import switches
+from ddtree.sglang.server_env import ENV_OVERLAP, ENV_SCHEDULE, overlap_allowed, schedule_from_env
 
-ENV_BUDGET = "SGLANG_DDTREE_BUDGET"
-ENV_TOPK_CAP = "SGLANG_DDTREE_TOPK_CAP"
-ENV_BLOCK_SIZE = "SGLANG_DDTREE_BLOCK_SIZE"
-# the overlap scheduler for DDTREE (issue 35): allowed only with this set to 1 until the GPU test bed has shown
-# DDTREE lossless under it (tests/gpu_sglang/test_overlap.py); refused at start-up otherwise
-ENV_OVERLAP = "SGLANG_DDTREE_OVERLAP"
-
-
-def overlap_allowed(env=None) -> bool:
-    env = os.environ if env is None else env
-    return env.get(ENV_OVERLAP) == "1"
-
-
-# a budget / cap schedule by running batch size (issue 32): allowed only with this set to 1 until the GPU test
-# bed has shown DDTREE lossless and its graphs replayed at every width (tests/gpu_sglang/test_widths.py)
-ENV_SCHEDULE = "SGLANG_DDTREE_SCHEDULE"
-
-
-@dataclass(frozen=True)
-class WidthSchedule:
-    """The budget and the top-k cap by running batch size (one step each for a plain value). The server is
-    sized for the widest step (widest()); a decode step of b requests uses at(b)."""
-
-    budget: Schedule
-    topk_cap: Schedule
-
-    def at(self, batch: int) -> tuple[int, int]:
-        """(budget, cap) for a running batch of `batch` requests."""
-        return self.budget.at(batch), self.topk_cap.at(batch)
-
-    def widest(self, block_size: int | None = None) -> DDTreeSettings:
-        return DDTreeSettings(max(self.budget.values), max(self.topk_cap.values), block_size)
-
-    @property
-    def stepped(self) -> bool:
-        return len(self.budget.steps) > 1 or len(self.topk_cap.steps) > 1
-
-    @property
-    def widths(self) -> tuple[int, ...]:
-        """The verify widths (budget + 1) the schedule can produce, ascending."""
-        return tuple(sorted({b + 1 for b in self.budget.values}))
-
-    def batches_at_width(self, width: int, max_bs: int) -> list[int]:
-        """The running batch sizes 1..max_bs whose step verifies `width` tokens per request."""
-        return [b for b in range(1, max_bs + 1) if self.budget.at(b) + 1 == width]
-
-    def problems(self, block_size: int | None) -> list[str]:
-        return schedule_problems(self.budget, self.topk_cap, block_size, SERVER_FLAGS)
-
-    def __str__(self) -> str:
-        return f"budget {self.budget} cap {self.topk_cap}"
 # attention backends whose target-verify path takes an arbitrary (tree) custom mask in 0.5.23
 MASK_BACKENDS = ("triton", "flashinfer")
 # of those, the ones DDTREE was proven with on an MLA target (tests/gpu_sglang/test_kimi_path.py)
 MLA_MASK_BACKENDS = ("triton",)
 
 
-def schedule_from_env(env=None) -> WidthSchedule:
-    """The budget and cap the plugin passed to SGLang's processes: `32` or `1:64,8:32,32:8` each (defaults where
-    a variable is unset)."""
-    env = os.environ if env is None else env
-    return WidthSchedule(budget=_schedule(env, ENV_BUDGET, DEFAULT_BUDGET, SERVER_FLAGS.budget),
-                         topk_cap=_schedule(env, ENV_TOPK_CAP, DEFAULT_TOPK_CAP, SERVER_FLAGS.topk_cap))
 
-
-def from_env(env=None) -> DDTreeSettings:
-    """The settings the server is sized for: the widest budget and cap of the schedule, the draft's block."""
-    env = os.environ if env is None else env
-    return schedule_from_env(env).widest(_int(env, ENV_BLOCK_SIZE, None, SERVER_FLAGS.block_size))
-
-
-def schedule_to_env(budget: object, topk_cap: object, env=None) -> None:
-    """The flags' values as given (`32` or a schedule), for the schedulers; checked when the server validates."""
-    env = os.environ if env is None else env
-    env[ENV_BUDGET] = str(budget).strip()
-    env[ENV_TOPK_CAP] = str(topk_cap).strip()
-
-
-def block_to_env(block_size: int, env=None) -> None:
-    env = os.environ if env is None else env
-    env[ENV_BLOCK_SIZE] = str(block_size)
-
-
-def resolved_block(settings: DDTreeSettings) -> int:
-    """The draft block; raises when the plugin's start-up resolution did not run."""
-    if settings.block_size is None:
-        raise DDTreeConfigError(f"{ENV_BLOCK_SIZE} is not set: the DDTREE server arguments were not resolved by "
-                                "the k26-ddtree plugin (start the server with `sglang serve`, the plugin "
-                                "installed, and --speculative-algorithm DDTREE)")
-    return settings.block_size
-
-
-def _schedule(env, name: str, default: int, flag: str) -> Schedule:
-    raw = (env.get(name) or "").strip()
-    if not raw:
-        return Schedule(((1, default),))
-    if ":" in raw:
-        return parse_schedule(raw, f"{flag} ({name})")
-    return Schedule(((1, _int(env, name, default, flag)),))
-
-
-def _int(env, name: str, default, flag: str):
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise DDTreeConfigError(f"{flag} ({name})={raw!r} is invalid: expected an integer") from None
-
-
-def draft_block_size(draft_path: str | os.PathLike | None) -> int | None:
-    """The block size in a DFlash draft's config.json (dflash_config.block_size, else block_size)."""
-    if draft_path is None:
-        return None
-    file = Path(draft_path) / "config.json"
-    try:
-        cfg = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    block = (cfg.get("dflash_config") or {}).get("block_size", cfg.get("block_size"))
-    return int(block) if block is not None else None
-
-
-# --- start-up refusals: each takes (settings, server_args) and returns a message or None ---------
+# each check takes (settings, server_args) and returns a message or None
 
 def _ddtree_shape(s: DDTreeSettings, a) -> str | None:
     """budget, top-k cap and block size against each other (ddtree.settings holds the rules), at every step
@@ -165,7 +33,7 @@ def _ddtree_shape(s: DDTreeSettings, a) -> str | None:
 
 def _schedule_switch(s, a) -> str | None:
     schedule = schedule_from_env()
-    if schedule.stepped and os.environ.get(ENV_SCHEDULE) != "1":
+    if schedule.stepped and not switches.read().schedule:
         return (f"a DDTree {schedule} by running batch size is not yet verified inside SGLang (the GPU test bed has "
                 f"not run it): give --speculative-ddtree-budget and --speculative-ddtree-topk-cap one value each, "
                 f"or set {ENV_SCHEDULE}=1 to run it anyway")

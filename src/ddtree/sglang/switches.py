@@ -1,0 +1,192 @@
+"""Every `SGLANG_DDTREE_*` variable of the plugin, declared once (issue 46).
+
+SGLang keeps its own environment the same way (`sglang/srt/environ.py`: typed fields read through one
+object). Each Switch names its variable, the Switches field it fills, its kind, its default and its meaning;
+`read(environ)` parses them all into a frozen Switches (a bad value raises DDTreeConfigError naming the
+variable, the value and what it takes). Each process reads them where it starts: the plugin's start-up
+hooks and refusals, the worker's __init__ (which keeps the object for its decode steps).
+
+Three of them carry the server's own flags to SGLang's spawned scheduler processes (the budget, the cap and
+the draft's block, written by the plugin's start-up hooks: settings.schedule_to_env / block_to_env); they are
+read as text here and parsed by ddtree.sglang.server_env, whose messages name the flag. The README's table of
+switches and the Ansible input filter's test-bed-only list are checked against SWITCHES
+(tests/unit/test_switches.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddtree.settings import DDTreeConfigError
+
+ON = ("1", "on", "true", "yes")
+OFF = ("0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One variable: its name, the Switches field it fills, how its text is read, its default and meaning."""
+
+    name: str
+    field: str
+    kind: str            # "flag" | "text" | "count" (>= 1) | "steps" (>= 0, 0 = off) | "choice" | "folder"
+    default: str         # the value an unset (or empty) variable stands for, as text; "" = off / none
+    meaning: str
+    choices: tuple[str, ...] = ()
+    test_bed_only: bool = False      # a diagnostic of the GPU test bed: preflight refuses it in k26_service_env
+
+    def expects(self) -> str:
+        return {"flag": "1 or 0 (on / off, true / false, yes / no too)",
+                "text": "a value for the flag it carries (checked by the server's start-up)",
+                "count": "a whole number >= 1",
+                "steps": "a whole number of steps (0 = off)",
+                "choice": f"one of {', '.join(self.choices)}",
+                "folder": "an absolute folder path"}[self.kind]
+
+    def parse(self, raw: str) -> object:
+        """The field's value for the variable's text (the default's when empty); ValueError when it is invalid."""
+        text = raw.strip() or self.default
+        reader = _READERS[self.kind]
+        return reader(self, text)
+
+
+def _flag(switch: Switch, text: str) -> bool:
+    value = text.lower()
+    if value not in ON + OFF:
+        raise ValueError(text)
+    return value in ON
+
+
+def _text(switch: Switch, text: str) -> str:
+    return text
+
+
+def _count(switch: Switch, text: str) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(text)
+    return int(text)
+
+
+def _steps(switch: Switch, text: str) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ValueError(text)
+    return int(text) or None
+
+
+def _choice(switch: Switch, text: str) -> str | None:
+    if not text:
+        return None
+    if text not in switch.choices:
+        raise ValueError(text)
+    return text
+
+
+def _folder(switch: Switch, text: str) -> Path | None:
+    if not text:
+        return None
+    if not Path(text).is_absolute():
+        raise ValueError(text)
+    return Path(text)
+
+
+_READERS: dict[str, Callable[[Switch, str], object]] = {
+    "flag": _flag, "text": _text, "count": _count, "steps": _steps, "choice": _choice, "folder": _folder}
+
+
+SWITCHES: tuple[Switch, ...] = (
+    # the tree's shape: written by the plugin's start-up hooks from the server's flags and the draft's config
+    Switch("SGLANG_DDTREE_BUDGET", "budget", "text", "",
+           "--speculative-ddtree-budget as given (a number or a schedule by running batch size); the plugin "
+           "writes it"),
+    Switch("SGLANG_DDTREE_TOPK_CAP", "topk_cap", "text", "",
+           "--speculative-ddtree-topk-cap as given; the plugin writes it"),
+    Switch("SGLANG_DDTREE_BLOCK_SIZE", "block_size", "text", "",
+           "the draft's block size, resolved at start-up; the plugin writes it"),
+    # features served only when switched on, until the GPU test bed has shown each equal to NONE
+    Switch("SGLANG_DDTREE_SCHEDULE", "schedule", "flag", "0",
+           "a budget / cap schedule by running batch size is served (refused at start-up otherwise)"),
+    Switch("SGLANG_DDTREE_OVERLAP", "overlap", "flag", "0",
+           "DDTREE runs under SGLang's overlap scheduler (start-up asks --disable-overlap-schedule otherwise)"),
+    Switch("SGLANG_DDTREE_PENALTIES", "penalties", "flag", "0",
+           "requests with frequency / presence / repetition penalties or min_new_tokens are served"),
+    Switch("SGLANG_DDTREE_LOGPROBS", "logprobs", "flag", "0", "requests for output logprobs are served"),
+    Switch("SGLANG_DDTREE_GRAMMARS", "grammars", "flag", "0",
+           "constrained decoding (JSON schema, regex, EBNF, structural tag) is served"),
+    Switch("SGLANG_DDTREE_PROCESSORS", "processors", "flag", "0",
+           "requests with a custom logit processor are served"),
+    # checks an operator may run on any host
+    Switch("SGLANG_DDTREE_GRAPH_CHECK", "graph_check", "flag", "on",
+           "the first replay of each decode CUDA graph shape checks the step's inputs against the captured "
+           "buffers (a missing or misshaped field raises, naming it)"),
+    Switch("SGLANG_DDTREE_SYNC_CHECK", "sync_check", "choice", "",
+           "each decode step runs under torch's CUDA sync debug mode: warn logs each synchronising call "
+           "site once, error raises", choices=("warn", "error")),
+    Switch("SGLANG_DDTREE_PROFILE_STEPS", "profile_steps", "steps", "",
+           "every N decode steps, one step timed stage by stage (the device synchronised between stages)"),
+    # test bed only (preflight refuses them in k26_service_env)
+    Switch("SGLANG_DDTREE_DUMP", "dump", "folder", "",
+           "test bed: each step's tree, verify log-probs and committed KV written under this folder",
+           test_bed_only=True),
+    Switch("SGLANG_DDTREE_DUMP_STEPS", "dump_steps", "count", "400", "test bed: how many steps the dump keeps",
+           test_bed_only=True),
+    Switch("SGLANG_DDTREE_FAULT", "fault", "choice", "",
+           "test bed: a deliberate fault (sibling: earlier siblings visible in the verify mask)",
+           choices=("sibling",), test_bed_only=True),
+)
+NAME = {s.field: s.name for s in SWITCHES}      # field -> variable, for messages
+
+
+@dataclass(frozen=True)
+class Switches:
+    """The plugin's variables as read once (SWITCHES says what each holds)."""
+
+    budget: str = ""
+    topk_cap: str = ""
+    block_size: str = ""
+    schedule: bool = False
+    overlap: bool = False
+    penalties: bool = False
+    logprobs: bool = False
+    grammars: bool = False
+    processors: bool = False
+    graph_check: bool = True
+    sync_check: str | None = None
+    profile_steps: int | None = None
+    dump: Path | None = None
+    dump_steps: int = 400
+    fault: str | None = None
+
+
+def read(environ: Mapping[str, str] | None = None) -> Switches:
+    """Every switch from `environ` (default: this process's environment, read now); the first bad value raises."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for switch in SWITCHES:
+        raw = environ.get(switch.name, "")
+        try:
+            values[switch.field] = switch.parse(raw)
+        except ValueError:
+            raise DDTreeConfigError(f"{switch.name}={raw!r} is invalid: expected {switch.expects()} "
+                                    f"({switch.meaning}); fix the server's environment (the unit's env file)") from None
+    return Switches(**values)
+
+
+def table() -> str:
+    """The README's table of switches (tests/unit/test_switches.py holds the README to it): `python -m
+    ddtree.sglang.switches` prints it."""
+    rows = ["| variable | takes | unset means | what it does |", "|---|---|---|---|"]
+    for s in SWITCHES:
+        unset = {"": "off" if s.kind in ("flag", "choice", "steps", "folder") else "-"}.get(s.default, s.default)
+        rows.append(f"| `{s.name}` | {s.expects()} | {unset} | {s.meaning} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())

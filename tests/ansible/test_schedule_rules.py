@@ -1,0 +1,83 @@
+"""The budget / cap schedule rules exist twice: in ddtree.settings (the plugin's start-up, ddtree-serve) and in
+the Ansible input filter (preflight, before anything is rendered). They must agree (issue 46): on a fixed list
+of texts and on seeded random ones, the filter accepts a schedule exactly when ddtree.settings parses it, and at
+every batch size where a schedule changes the filter flags a cap above the budget or a block that does not fit
+exactly where ddtree.settings finds a problem."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddtree.settings import MAX_BUDGET, DDTreeConfigError, parse_schedule, schedule_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXED = ["32", "1", "1023", "1024", "0", "", " 8 ", "1:64,8:32,32:8", "1:8", "2:8", "1:8,1:4", "1:8,4:2,3:1",
+         "1:64,8:", "1:64;8:32", "a", "1:0", "1:1024", "-1", "1.5", "1:64, 8:32", "01:064"]
+
+
+@functools.lru_cache(maxsize=1)
+def filter_module():
+    spec = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def budget_rule() -> dict:
+    rules = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())
+    rule = next(v for k, v in rules.items() if isinstance(v, dict) and "k26_ddtree_budget" in v)["k26_ddtree_budget"]
+    assert rule["kind"] == "schedule" and rule["max"] == MAX_BUDGET
+    return rule
+
+
+def random_texts(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        steps = rng.randint(1, 4)
+        batches = sorted(rng.sample(range(1, 64), steps))
+        if rng.random() < 0.3:
+            batches[0] = rng.randint(1, 3)
+        else:
+            batches[0] = 1
+        if rng.random() < 0.15 and steps > 1:
+            batches[1] = batches[0]                        # not increasing
+        values = [rng.choice([0, 1, 2, 4, 7, 8, 16, 32, 64, 1023, 1024]) for _ in batches]
+        out.append(",".join(f"{b}:{v}" for b, v in zip(batches, values)) if steps > 1 or rng.random() < 0.5
+                   else str(values[0]))
+    return out
+
+
+def parses(text: str) -> bool:
+    try:
+        parse_schedule(text, "x")
+        return True
+    except DDTreeConfigError:
+        return False
+
+
+@pytest.mark.parametrize("text", FIXED + random_texts(0, 150))
+def test_the_filter_accepts_a_schedule_exactly_when_ddtree_settings_parses_it(text):
+    accepted = filter_module()._schedule(text, budget_rule()) is None
+    assert accepted == parses(text), text
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_filter_flags_the_steps_ddtree_settings_finds_wrong(seed):
+    module = filter_module()
+    rng = random.Random(seed)
+    good = [t for t in FIXED + random_texts(seed + 10, 200) if parses(t)]
+    for _ in range(150):
+        budget, cap, block = rng.choice(good), rng.choice(good), rng.choice([0, 2, 4, 8, 16, 17])
+        steps = module.k26_schedule_steps(budget, cap, block)
+        flagged = {s["batch"] for s in steps if s["cap_over_budget"] or s["block_short"]}
+        problems = schedule_problems(parse_schedule(budget, "b"), parse_schedule(cap, "c"), block or None)
+        found = {int(p.split(":")[0].removeprefix("from batch size ")) for p in problems}
+        assert flagged == found, (budget, cap, block, steps, problems)
