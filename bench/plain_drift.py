@@ -14,13 +14,15 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sglang_servers as harness  # noqa: E402
 
-from tests.gpu_sglang.referee import best_gap  # noqa: E402
-from tests.gpu_sglang.test_ddtree_server import plain_top  # noqa: E402
+
+
+def top_gap(top: dict[int, float]) -> float:
+    first, second = sorted(top.values(), reverse=True)[:2]
+    return first - second
 
 
 def gaps_where_parted(plain, prompts, want, have) -> list[float]:
@@ -29,7 +31,7 @@ def gaps_where_parted(plain, prompts, want, have) -> list[float]:
     for p, w, h in zip(prompts, want, have):
         at = harness.first_divergence(w, h)
         if at is not None and at < len(h):
-            out.append(round(best_gap(plain_top(plain, p + h[:at])), 5))
+            out.append(round(top_gap(plain.next_top(p + h[:at])), 5))
     return out
 
 

@@ -243,6 +243,11 @@ class Server:
         except urllib.error.HTTPError as err:
             return {"http_status": err.code, "error": err.read().decode(errors="replace")}
 
+    def next_top(self, context: list[int], k: int = 5) -> dict[int, float]:
+        """The k best next tokens after `context` at temperature 0 and their log-probs (token -> log-prob)."""
+        r = self.generate(context, greedy(1), return_logprob=True, top_logprobs_num=k)
+        return {int(token): float(logprob) for logprob, token, *_ in r["meta_info"]["output_top_logprobs"][0]}
+
     def complete_all(self, prompts: list[list[int]], sampling: dict, concurrency: int) -> list[dict]:
         """One request per prompt, `concurrency` in flight at a time (1 = one after another)."""
         with ThreadPoolExecutor(max_workers=concurrency) as pool:

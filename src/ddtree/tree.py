@@ -135,33 +135,6 @@ def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     return mask.scatter_(2, anc, True)
 
 
-def eagle_layout(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SGLang's EAGLE tree layout of a DraftTree, each int64 [bs, N].
-
-    retrive_index[b, i] = b * N + i (padding too, as SGLang's own tree builders fill it);
-    retrive_next_token[b, i] = first child of i (the best-scoring one) or -1;
-    retrive_next_sibling[b, i] = the next child of i's parent in node order (= decreasing score), or -1.
-    """
-    bs, n = tree.parents.shape
-    dev = tree.parents.device
-    ix = torch.arange(n, device=dev).expand(bs, n)                 # [bs, N]
-    has_parent = tree.parents >= 0
-    # first child: smallest child index per parent (column n collects root/padding)
-    first = torch.full((bs, n + 1), n, dtype=torch.int64, device=dev)
-    first.scatter_reduce_(1, torch.where(has_parent, tree.parents, n), ix, reduce="amin")
-    next_token = torch.where(first[:, :n] < n, first[:, :n], -1)
-    # next sibling: order nodes by (parent, index); a neighbour with the same parent is the sibling
-    key = torch.where(has_parent, tree.parents * n + ix, n * n + ix)
-    order = key.argsort(dim=1)                                     # [bs, N]
-    par_sorted = tree.parents.gather(1, order)
-    same = (par_sorted[:, 1:] == par_sorted[:, :-1]) & (par_sorted[:, :-1] >= 0)  # [bs, N-1]
-    succ = torch.where(same, order[:, 1:], -1)
-    next_sibling = torch.full((bs, n), -1, dtype=torch.int64, device=dev)
-    next_sibling.scatter_(1, order[:, :-1], succ)
-    retrive_index = torch.arange(bs, device=dev)[:, None] * n + ix   # padding is never reached by a walk
-    return retrive_index, next_token, next_sibling
-
-
 def _check_build_args(draft_logits: torch.Tensor, root_tokens: torch.Tensor,
                       budget: int, topk_cap: int) -> None:
     _checks.check_positive_int("budget", budget)

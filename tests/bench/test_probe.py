@@ -67,3 +67,10 @@ def test_first_divergence_is_one_answer_for_the_probes_and_the_gpu_tests():
     assert harness.first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert harness.first_divergence([1, 2], [1, 2, 3]) == 2 and harness.first_divergence([1, 2, 3], [1, 2]) == 2
     assert harness.first_divergence([], [4]) == 0
+
+
+def test_no_bench_script_imports_a_test_module():
+    """Benchmarks are operators' tools: they share the GPU harness (bench/sglang_servers.py), never a test."""
+    importers = [p.name for p in (ROOT / "bench").glob("*.py")
+                 if any(line.startswith(("from tests", "import tests")) for line in p.read_text().splitlines())]
+    assert importers == []

@@ -59,8 +59,7 @@ def none_greedy(fleet, prompts) -> list[list[int]]:
 
 def plain_top(server: harness.Server, context: list[int], k: int = 5) -> TopLogprobs:
     """Plain decoding's k best next tokens after `context` and their log-probs (k > 2: a tie may hold three)."""
-    r = server.generate(context, harness.greedy(1), return_logprob=True, top_logprobs_num=k)
-    return {int(token): float(logprob) for logprob, token, *_ in r["meta_info"]["output_top_logprobs"][0]}
+    return server.next_top(context, k)
 
 
 def near_ties_against_plain(plain: harness.Server, prompt: list[int], want: list[int], have: list[int],

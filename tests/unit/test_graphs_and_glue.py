@@ -7,7 +7,7 @@ import torch
 
 from ddtree import build_tree, verify_tree
 from ddtree.graphs import FirstUseChecker, GraphBufferError, check_copy_sources
-from ddtree.sglang.glue import accept_from_verdict, verify_inputs
+from tests.eagle_format import accept_from_verdict, verify_inputs
 
 
 def test_none_source_is_named():

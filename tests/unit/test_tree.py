@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ddtree import build_tree
-from ddtree.tree import draft_candidates_torch, eagle_layout
+from ddtree.tree import draft_candidates_torch
+from tests.eagle_format import eagle_layout
 
 
 def enumerate_paths(logits: torch.Tensor, cap: int) -> list[tuple[float, tuple[int, ...]]]:

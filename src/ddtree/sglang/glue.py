@@ -1,10 +1,9 @@
 """Tensor glue between ddtree and SGLang's tree-verify path (no SGLang import here).
 
-DraftTree -> SGLang's verify inputs: draft tokens and positions flattened request by request,
-the FULL_MASK custom mask (per request a row-major N x (prefix + N) block: every node sees the
-whole prefix, then exactly its ancestors and itself; requests concatenated), and the EAGLE retrive
-arrays. Verdict -> SGLang's accept outputs: flat accept indices b*N + node (root first, -1
-padded), accepted draft-token counts, and the predicted (target) token at every accepted node.
+DraftTree -> SGLang's verify inputs: positions and the FULL_MASK custom mask (per request a row-major
+N x (prefix + N) block: every node sees the whole prefix, then exactly its ancestors and itself; requests
+concatenated). The EAGLE-format adapters (retrive arrays, accept outputs) that only tests use live in
+tests/eagle_format.py.
 Example: prefix lengths [3, 1], N = 2 (root + one child each) give a mask of
 (3+2)*2 + (1+2)*2 = 16 entries and positions [3, 4, 1, 2].
 The decode step uses verify_mask (mask + positions) and commit_step (commit_plan +
@@ -19,26 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ddtree.backend import kernels, resolve_backend
-from ddtree.tree import eagle_layout
 from ddtree.types import DraftTree, SamplingParams, Verdict
-
-
-@dataclass(frozen=True)
-class VerifyInputs:
-    draft_tokens: torch.Tensor          # int64 [bs*N]
-    positions: torch.Tensor             # int64 [bs*N]  prefix length + depth
-    custom_mask: torch.Tensor           # bool [sum_b (prefix_b + N) * N]
-    retrive_index: torch.Tensor         # int64 [bs, N]
-    retrive_next_token: torch.Tensor    # int64 [bs, N]
-    retrive_next_sibling: torch.Tensor  # int64 [bs, N]
-    draft_token_num: int                # N = budget + 1
-
-
-@dataclass(frozen=True)
-class AcceptResult:
-    accept_index: torch.Tensor   # int64 [bs, L+1]  flat b*N + node of the accepted path, root first, -1 padded
-    accept_length: torch.Tensor  # int64 [bs]       accepted draft tokens (the bonus not counted)
-    predict: torch.Tensor        # int64 [bs*N]     target token after each accepted node; 0 elsewhere
 
 
 @dataclass(frozen=True)
@@ -73,29 +53,6 @@ def full_mask(tree: DraftTree, prefix_lens: torch.Tensor, total: int) -> torch.T
     mask = torch.ones(total, dtype=torch.bool, device=dev)                   # prefix columns: visible
     mask[dest.reshape(-1)] = tree.ancestor_mask.reshape(-1)
     return mask
-
-
-def verify_inputs(tree: DraftTree, prefix_lens: torch.Tensor, prefix_lens_cpu: list[int]) -> VerifyInputs:
-    """prefix_lens: tokens already in the KV cache per request (the root is at that position)."""
-    bs, n = tree.tokens.shape
-    total = sum((p + n) * n for p in prefix_lens_cpu)
-    index, next_token, next_sibling = eagle_layout(tree)
-    return VerifyInputs(draft_tokens=tree.tokens.reshape(-1), positions=tree.positions(prefix_lens).reshape(-1),
-                        custom_mask=full_mask(tree, prefix_lens, total), retrive_index=index,
-                        retrive_next_token=next_token, retrive_next_sibling=next_sibling, draft_token_num=n)
-
-
-def accept_from_verdict(verdict: Verdict, width: int) -> AcceptResult:
-    """Map a Verdict to SGLang's accept outputs for a tree of width N."""
-    bs, steps = verdict.accepted.shape
-    dev = verdict.accepted.device
-    base = torch.arange(bs, device=dev)[:, None] * width
-    index = torch.where(verdict.accepted >= 0, base + verdict.accepted, -1)      # [bs, L+1]
-    predict = torch.zeros(bs * width, dtype=torch.int64, device=dev)
-    live = index >= 0
-    # the token emitted after accepted node j is verdict.tokens[:, j] (draft token j+1, or the bonus)
-    predict[index[live]] = verdict.tokens[live]
-    return AcceptResult(accept_index=index, accept_length=verdict.accept_len, predict=predict)
 
 
 @dataclass(frozen=True)

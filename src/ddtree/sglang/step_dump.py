@@ -29,7 +29,7 @@ from ddtree.types import DraftTree
 
 FAULT_NAME = switches.NAME["fault"]
 DEFAULT_STEPS = 400
-logger = logging.getLogger("ddtree.sglang.step_dump")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from ddtree.sglang import switches
 ENV = switches.NAME["sync_check"]
 MODES = ("warn", "error")
 MARK = "DDTREE sync check: a synchronizing CUDA operation at"
-logger = logging.getLogger("ddtree.sglang.sync_check")
+logger = logging.getLogger(__name__)
 
 
 class SyncCheck:

@@ -26,7 +26,7 @@ from sglang.srt.utils import get_available_gpu_memory
 
 from ddtree.sglang.width_schedule import WidthSchedule
 
-logger = logging.getLogger("ddtree.sglang.widths")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
