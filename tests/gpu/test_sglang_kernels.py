@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ddtree import build_tree, verify_tree
-from ddtree.tree import eagle_layout
-from ddtree.sglang.glue import accept_from_verdict, full_mask
+from ddtree.sglang.glue import full_mask
+from tests.eagle_format import accept_from_verdict, eagle_layout
 
 from ..helpers import chi_square_pvalue as chi_square_p
 
