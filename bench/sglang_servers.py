@@ -246,7 +246,7 @@ class Server:
     def next_top(self, context: list[int], k: int = 5) -> dict[int, float]:
         """The k best next tokens after `context` at temperature 0 and their log-probs (token -> log-prob)."""
         r = self.generate(context, greedy(1), return_logprob=True, top_logprobs_num=k)
-        return {int(token): float(logprob) for logprob, token, *_ in r["meta_info"]["output_top_logprobs"][0]}
+        return top_dict(r["meta_info"]["output_top_logprobs"][0])
 
     def complete_all(self, prompts: list[list[int]], sampling: dict, concurrency: int) -> list[dict]:
         """One request per prompt, `concurrency` in flight at a time (1 = one after another)."""
@@ -282,6 +282,11 @@ class Server:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:
             return r.read().decode()
+
+
+def top_dict(entries: list) -> dict[int, float]:
+    """One position of SGLang's output_top_logprobs ([logprob, token, text?] each) as token -> log-prob."""
+    return {int(token): float(logprob) for logprob, token, *_ in entries}
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -26,7 +26,7 @@ from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
 from tests.helpers import two_sample_chi_square_pvalue
-from tests.gpu_sglang.referee import (Referee, TopLogprobs, bf16_served_pair, gap_to, judge,  # noqa: E402
+from tests.gpu_sglang.referee import (Referee, bf16_served_pair, gap_to, judge,  # noqa: E402
                                       target_referee)
 
 pytestmark = pytest.mark.sglang_gpu
@@ -57,11 +57,6 @@ def none_greedy(fleet, prompts) -> list[list[int]]:
     return outputs(ready(fleet, "none").complete_all(prompts, harness.greedy(), 1))
 
 
-def plain_top(server: harness.Server, context: list[int], k: int = 5) -> TopLogprobs:
-    """Plain decoding's k best next tokens after `context` and their log-probs (k > 2: a tie may hold three)."""
-    return server.next_top(context, k)
-
-
 def near_ties_against_plain(plain: harness.Server, prompt: list[int], want: list[int], have: list[int],
                             limit: int = 4, exact: Referee | None = None) -> tuple[list, str | None]:
     """Walk `have` (a speculative output) against plain decoding `want`. Each parting is judged by
@@ -72,7 +67,7 @@ def near_ties_against_plain(plain: harness.Server, prompt: list[int], want: list
     partings = []
     while (at := harness.first_divergence(want, have)) is not None and at < len(have):
         context = prompt + have[:at]
-        parting = judge(at, want[at], have[at], plain_top(plain, context),
+        parting = judge(at, want[at], have[at], plain.next_top(context),
                         None if exact is None else lambda: exact.logprobs(context))
         partings.append(parting.record() if parting.passed else round(parting.bf16_gap, 5))
         if not parting.passed:
@@ -206,7 +201,7 @@ def chain_dflash_partings(plain: harness.Server, prompts, chain: list[list[int]]
     out = []
     for i, (c, d) in enumerate(zip(chain, dflash)):
         if c != d and (at := harness.first_divergence(c, d)) < min(len(c), len(d)):
-            top = plain_top(plain, prompts[i] + c[:at])
+            top = plain.next_top(prompts[i] + c[:at])
             out.append((i, at, c[at], d[at], round(gap_to(top, c[at]), 5), round(gap_to(top, d[at]), 5)))
     return out
 

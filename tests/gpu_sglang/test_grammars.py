@@ -89,7 +89,7 @@ def top_at(plain: harness.Server, prompt: list[int], kind: str | None, at: int) 
     """NONE's five best tokens and their log-probs at output position `at`, under the grammar when there is one (SGLang's logprobs
     come after the grammar's mask)."""
     r = plain.generate(prompt, {**params(kind), "max_new_tokens": at + 1}, return_logprob=True, top_logprobs_num=5)
-    return {int(token): float(logprob) for logprob, token, *_ in r["meta_info"]["output_top_logprobs"][at]}
+    return harness.top_dict(r["meta_info"]["output_top_logprobs"][at])
 
 
 def params(kind: str | None) -> dict:

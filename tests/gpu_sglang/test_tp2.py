@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from tests.gpu_sglang.referee import gap_to, is_near_tie
-from tests.gpu_sglang.test_ddtree_server import compare_with_plain, outputs, plain_top, ready
+from tests.gpu_sglang.test_ddtree_server import compare_with_plain, outputs, ready
 from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
@@ -44,7 +44,7 @@ NEW_TOKENS = 256
 
 def plain_choice(plain, context: list[int], token: int) -> tuple[bool, float]:
     """Is `token` plain decoding's next token after context, or one of a near tie? (and the gap)"""
-    top = plain_top(plain, context)
+    top = plain.next_top(context)
     gap = gap_to(top, token)
     return is_near_tie(top, token) or plain.generate(context, harness.greedy(1))["output_ids"][0] == token, gap
 

@@ -39,15 +39,18 @@ def overlap_allowed(env=None) -> bool:
 def schedule_from_env(env=None) -> WidthSchedule:
     """The budget and cap the plugin passed to SGLang's processes: `32` or `1:64,8:32,32:8` each (defaults where
     a variable is unset)."""
-    read = switches.read(env)
+    return _width_schedule(switches.read(env))
+
+
+def _width_schedule(read: switches.Switches) -> WidthSchedule:
     return WidthSchedule(budget=_schedule(read.budget, ENV_BUDGET, DEFAULT_BUDGET, SERVER_FLAGS.budget),
                          topk_cap=_schedule(read.topk_cap, ENV_TOPK_CAP, DEFAULT_TOPK_CAP, SERVER_FLAGS.topk_cap))
 
 
 def from_env(env=None) -> DDTreeSettings:
     """The settings the server is sized for: the widest budget and cap of the schedule, the draft's block."""
-    block = _int(switches.read(env).block_size, ENV_BLOCK_SIZE, None, SERVER_FLAGS.block_size)
-    return schedule_from_env(env).widest(block)
+    read = switches.read(env)                                  # the environment once for both
+    return _width_schedule(read).widest(_int(read.block_size, ENV_BLOCK_SIZE, None, SERVER_FLAGS.block_size))
 
 
 def schedule_to_env(budget: object, topk_cap: object, env=None) -> None:
