@@ -11,7 +11,14 @@
 #              GREEDY_SIZES (default kimi-dense kimi-allexp), one pytest session per pair at once (ports 31000 + 1000 x
 #              i), and beside them on the small pair issue 45's schedule servers (test_widths) and the overlap
 #              scheduler's greedy and sync-check tests (test_overlap);
-#   part "all": nodes, then greedy (one background job: tests/gpu_sglang/bg.sh start ... all).
+#              GREEDY_WIDTHS=0 leaves the small pair's servers out;
+#   part "requests": issue 45's request features on REQUEST_SIZES (default small kimi-dense: pairs on which SGLang's
+#              own DFLASH under deterministic inference is expected to equal NONE, so identity is decidable), one
+#              pytest session per pair at once (ports 35000 + 1000 x i): tests/gpu_sglang/test_requests.py
+#              (deterministic inference as the control, seeds, penalties and min_new_tokens, custom logit
+#              processors, output logprobs) and test_grammars.py, each pair's controls on servers beside its DDTREE
+#              servers;
+#   part "all": nodes, then greedy; several parts in one call run one after the other (decide.sh requests greedy).
 # Results come back through $OUT, one archive per part (nodes.tgz, greedy.tgz: results.md / results.json, node-check.md,
 # server logs) and train-logs.tgz; each part's tables are printed too.
 set -u
@@ -19,6 +26,11 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here"
 . .gpu-bundles/bin/env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ $# -gt 1 ]; then
+  rc=0
+  for part in "$@"; do "$0" "$part" || rc=1; done
+  exit $rc
+fi
 PART=${1:-nodes}
 SIZES=${SIZES:-small kimi-dense kimi-allexp kimi}
 ROOT=$SGLANG_TESTBED/decide; mkdir -p "$ROOT"; OUT=${OUT:-$ROOT/out}; mkdir -p "$OUT"
@@ -74,21 +86,38 @@ case $PART in
     done
     # issue 45: the budget schedule's servers (they died at start-up before) and the overlap scheduler's sync check,
     # on the dense pair beside them
-    env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-greedy-widths SGLANG_DDTREE_BASE_PORT=34000 \
+    [ "${GREEDY_WIDTHS:-1}" = 1 ] && env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-greedy-widths SGLANG_DDTREE_BASE_PORT=34000 \
       SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager,ddtree-b32-c8-graphs-overlap,none-bs48,ddtree-b32-c8-graphs-overlap-synccheck-bs48" \
       python3 -m pytest tests/gpu_sglang/test_widths.py tests/gpu_sglang/test_overlap.py -p no:cacheprovider -q -rfE \
       -k "${WIDTHS_K:-test_each_width or test_greedy_equals_none_while or test_overlap_greedy or test_overlap_48 or test_no_host_sync}" \
       > "$ROOT/greedy-widths.log" 2>&1 &
     wait || rc=1
-    for s in ${GREEDY_SIZES:-kimi-dense kimi-allexp} widths; do
+    for s in ${GREEDY_SIZES:-kimi-dense kimi-allexp} $([ "${GREEDY_WIDTHS:-1}" = 1 ] && echo widths); do
       tail -5 "$ROOT/greedy-$s.log"
       grep -q " failed\| error" "$ROOT/greedy-$s.log" && rc=1
       grep -E "passed|failed" "$ROOT/greedy-$s.log" | tail -1 | sed "s/^/[greedy $s] /"
       cat "/tmp/ddtree-greedy-$s/results.md" 2>/dev/null
     done
     tar czf "$OUT/greedy.tgz" $(ls -d /tmp/ddtree-greedy-* "$ROOT"/greedy-*.log 2>/dev/null) 2>/dev/null ;;
+  requests)
+    i=0
+    names=$(python3 -c "from tests.gpu_sglang.test_requests import REQUEST_SERVERS as r
+from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join((*r, *g)))")
+    for s in ${REQUEST_SIZES:-small kimi-dense}; do
+      env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-requests-$s" SGLANG_DDTREE_START="$names" \
+        SGLANG_DDTREE_BASE_PORT=$((35000 + 1000 * i)) python3 -m pytest tests/gpu_sglang/test_requests.py \
+        tests/gpu_sglang/test_grammars.py -p no:cacheprovider -q -rfE > "$ROOT/requests-$s.log" 2>&1 &
+      i=$((i + 1))
+    done
+    wait
+    for s in ${REQUEST_SIZES:-small kimi-dense}; do
+      grep -q " failed\| error" "$ROOT/requests-$s.log" && rc=1
+      grep -E "passed|failed|skipped" "$ROOT/requests-$s.log" | tail -1 | sed "s/^/[requests $s] /"
+      cat "/tmp/ddtree-requests-$s/results.md" 2>/dev/null
+    done
+    tar czf "$OUT/requests.tgz" $(ls -d /tmp/ddtree-requests-* "$ROOT"/requests-*.log 2>/dev/null) 2>/dev/null ;;
   all) "$0" nodes || rc=1; "$0" greedy || rc=1 ;;
-  *) echo "part $PART is invalid: expected nodes, greedy or all" >&2; exit 2 ;;
+  *) echo "part $PART is invalid: expected nodes, greedy, requests or all" >&2; exit 2 ;;
 esac
 tar czf "$OUT/train-logs.tgz" -C "$ROOT" $(cd "$ROOT" && ls */train.log */pair/train.json 2>/dev/null) 2>/dev/null
 echo "[decide] part $PART done after $(( $(date +%s) - t0 )) s (rc $rc)"

@@ -12,7 +12,7 @@ pytest.importorskip("sglang", reason="run in the SGLang contract venv (make test
 
 from sglang.srt.sampling.sampling_params import raise_if_tokenizer_required  # noqa: E402
 
-from tests.gpu_sglang import test_kimi_path as kimi  # noqa: E402
+from tests.gpu_sglang import test_requests as requests_test  # noqa: E402
 from tests.helpers import import_bench  # noqa: E402
 
 harness = import_bench("sglang_servers")
@@ -26,12 +26,12 @@ def check(name: str, sampling: dict) -> None:
                                 sampling.get("min_new_tokens", 0) or 0)
 
 
-@pytest.mark.parametrize("penalty", list(kimi.PENALTIES))
-@pytest.mark.parametrize("server", kimi.DETERMINISTIC)
+@pytest.mark.parametrize("penalty", list(requests_test.PENALTIES))
+@pytest.mark.parametrize("server", requests_test.DETERMINISTIC)
 def test_every_penalty_request_is_accepted_by_the_servers_it_is_sent_to(server, penalty):
-    check(server, {**harness.greedy(), **kimi.PENALTIES[penalty]})
+    check(server, {**harness.greedy(), **requests_test.PENALTIES[penalty]})
 
 
 def test_the_same_request_to_a_server_without_its_tokenizer_is_refused():
     with pytest.raises(ValueError, match="min_new_tokens=100 is unavailable when skip_tokenizer_init"):
-        check("ddtree-b32-c8-graphs-det-pen-lp-clp", {**harness.greedy(), **kimi.PENALTIES["min_new_tokens"]})
+        check("ddtree-b32-c8-graphs-det-pen-lp-clp", {**harness.greedy(), **requests_test.PENALTIES["min_new_tokens"]})

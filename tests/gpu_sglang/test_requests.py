@@ -1,0 +1,216 @@
+"""Request features on DDTREE inside the real SGLang 0.5.23 server, on any pair (issues 33 and 45; marker
+sglang_gpu): SGLang's deterministic inference as the control that decides identity, seeded sampling, penalties
+and min_new_tokens at every tree node, custom logit processors per node, output logprobs.
+
+Where identity is decidable - SGLang's own DFLASH under deterministic inference gives NONE's greedy tokens on every
+prompt, which the dense pair and the Kimi-shaped pair without routing choices (kimi-dense) are expected to show -
+DDTREE is held to exact identity with NONE's answers under each feature, one at a time and 8 at once; otherwise
+the test records what it saw and skips, naming the control that failed. The controls run in the same job, on
+servers of the same kind (tests/gpu_sglang/decide.sh requests starts them beside the DDTREE servers).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.gpu_sglang.test_ddtree_server import compare_with_plain, outputs, ready
+from tests.helpers import import_bench
+
+harness = import_bench("sglang_servers")
+pytestmark = pytest.mark.sglang_gpu
+
+SAMPLED = {"temperature": 0.7, "top_p": 0.9, "ignore_eos": True}
+# SGLang's deterministic inference: fixed MoE tile configs and attention split sizes whatever the batch
+# (NONE's takes custom logit processors too: the reference of the per-node processor test)
+# DDTREE's serves per-node penalties, output logprobs and custom logit processors (SGLANG_DDTREE_PENALTIES=1,
+# SGLANG_DDTREE_LOGPROBS=1, SGLANG_DDTREE_PROCESSORS=1): one server for the plain, penalty, logprob and processor
+# tests (a request without those fields takes the plain path), one start instead of three
+# -tok: SGLang 0.5.23 refuses min_new_tokens on a server that skips its tokenizer (the H200 run of 2026-12-03)
+DETERMINISTIC = ("none-det-clp-tok", "dflash-det-tok", "ddtree-b32-c8-graphs-det-pen-lp-clp-tok")
+PENALISED = LOGPROBS = DETERMINISTIC[2]
+# the servers this module's tests ask for
+REQUEST_SERVERS = (*DETERMINISTIC, "ddtree-b32-c8-graphs")
+
+
+# --- SGLang's deterministic inference -------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def det_greedy(fleet, prompts) -> list[list[int]]:
+    """NONE's greedy answers one at a time under deterministic inference."""
+    return outputs(ready(fleet, DETERMINISTIC[0]).complete_all(prompts, harness.greedy(), 1))
+
+
+def test_deterministic_inference_takes_the_bf16_drift_out(fleet, prompts, det_greedy, record_property):
+    """With --enable-deterministic-inference SGLang fixes its MoE tile configuration and attention split size
+    whatever the batch. If that makes its own DFLASH give NONE's tokens on this MoE target, DDTREE is held to
+    the strict rule there: identical, or a near tie of at most two bf16 steps (no float32 referee)."""
+    plain, dflash, tree = (ready(fleet, n) for n in DETERMINISTIC)
+    want = det_greedy
+    results = {}
+    for label, server, concurrency in (("DFLASH", dflash, 1), ("DDTREE one by one", tree, 1),
+                                       ("DDTREE 8 at once", tree, 8)):
+        got = outputs(server.complete_all(prompts, harness.greedy(), concurrency))
+        same, gaps, wrong = compare_with_plain(plain, prompts, want, got)
+        results[label] = wrong
+        record_property(f"{label}: identical / near ties / real differences", f"{same}/{len(prompts)} / {gaps} / {wrong}")
+    if results["DFLASH"]:
+        pytest.skip(f"SGLang's own DFLASH parts from NONE past a near tie even with deterministic inference: "
+                    f"{results['DFLASH'][:2]} - the strict rule does not apply to this target")
+    assert not results["DDTREE one by one"] and not results["DDTREE 8 at once"]
+
+
+# --- seeded sampling (issue 33, item 3) ------------------------------------------------------------------
+
+def seeded(seed: int) -> dict:
+    return {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 64, "ignore_eos": True, "sampling_seed": seed}
+
+
+def test_a_seeded_request_repeats_its_answer_whatever_the_batch(fleet, prompts, record_property):
+    """Under deterministic inference the same (prompt, seed) gives the same answer one at a time, 8 at once,
+    and among unseeded requests; NONE's seeded answers from the same server kind are recorded beside it
+    (equal up to bf16 drift: each node is drawn as NONE draws at that position). Without deterministic
+    inference a seed is refused, naming the flag."""
+    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, DETERMINISTIC[2])
+    eight = prompts[:8]
+
+    def answers(server, concurrency, crowd=0):
+        with ThreadPoolExecutor(max_workers=concurrency + crowd) as pool:
+            noise = [pool.submit(server.generate, p, {**SAMPLED, "max_new_tokens": 64}) for p in prompts[8:8 + crowd]]
+            mine = list(pool.map(lambda i: server.generate(eight[i], seeded(i)), range(len(eight))))
+            [f.result() for f in noise]
+        return outputs(mine)
+
+    alone, together, crowded = answers(tree, 1), answers(tree, 8), answers(tree, 4, crowd=8)
+    none_answers = answers(plain, 1)
+    record_property("same answer: 8 at once / among 8 unseeded", f"{sum(a == b for a, b in zip(alone, together))}/8, "
+                    f"{sum(a == b for a, b in zip(alone, crowded))}/8")
+    record_property("DDTREE seeded = NONE seeded (bf16 drift aside)", f"{sum(a == b for a, b in zip(alone, none_answers))}/8")
+    refused = ready(fleet, "ddtree-b32-c8-graphs").generate(eight[0], seeded(0))
+    record_property("without deterministic inference", str(refused.get("http_status")))
+    other_seed = outputs([tree.generate(eight[0], seeded(100))])[0]
+    assert alone == together == crowded
+    assert other_seed != alone[0], "another seed gave the same 64 sampled tokens: the seed is not used"
+    assert refused.get("http_status") == 400 and "--enable-deterministic-inference" in refused["error"]
+
+
+
+# --- penalties per node (issue 33, item 2) ----------------------------------------------------------------
+
+PENALTIES = {"frequency": {"frequency_penalty": 0.6}, "presence": {"presence_penalty": 0.8},
+             "repetition": {"repetition_penalty": 1.3}, "min_new_tokens": {"min_new_tokens": 100, "ignore_eos": False},
+             "all": {"frequency_penalty": 0.3, "presence_penalty": 0.3, "repetition_penalty": 1.1}}
+
+
+@pytest.fixture(scope="session")
+def dflash_is_exact(fleet, prompts, det_greedy) -> bool:
+    """Whether SGLang's own DFLASH under deterministic inference gives NONE's greedy tokens on every prompt:
+    the condition for holding DDTREE to exact identity there."""
+    return det_greedy == outputs(ready(fleet, DETERMINISTIC[1]).complete_all(prompts, harness.greedy(), 1))
+
+
+@pytest.mark.parametrize("penalty", list(PENALTIES))
+def test_penalties_per_node_give_nones_tokens(fleet, prompts, penalty, dflash_is_exact, record_property):
+    """Under deterministic inference, where SGLang's own DFLASH gives NONE's greedy tokens exactly, a penalised
+    greedy request on DDTREE gives NONE's penalised tokens exactly, one at a time and 8 at once (no
+    re-anchoring: plain decoding's top-2 would not carry the penalty); and the penalty changed NONE's answer."""
+    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, PENALISED)
+    sampling = {**harness.greedy(), **PENALTIES[penalty]}
+    want = outputs(plain.complete_all(prompts, sampling, 1))
+    unpenalised = outputs(plain.complete_all(prompts, harness.greedy(), 1))
+    same = {}
+    for mode, concurrency in (("one by one", 1), ("8 at once", 8)):
+        got = outputs(tree.complete_all(prompts, sampling, concurrency))
+        same[mode] = sum(a == b for a, b in zip(want, got))
+        firsts = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(want, got)]
+        record_property(f"{mode}: identical / first differences", f"{same[mode]}/{len(prompts)} / {firsts}")
+    changed = sum(a != b for a, b in zip(want, unpenalised))
+    record_property("prompts whose NONE answer the penalty changed", f"{changed}/{len(prompts)}")
+    assert changed > 0
+    if not dflash_is_exact:
+        pytest.skip("SGLang's own DFLASH is not exact against NONE under deterministic inference on this target: "
+                    f"identity is not the bar (identical {same})")
+    assert same == {"one by one": len(prompts), "8 at once": len(prompts)}
+
+
+
+# --- custom logit processors (issue 33, item 5) -----------------------------------------------------------
+
+def ngram_blocker() -> str:
+    from sglang.srt.sampling.custom_logit_processor import DeepseekOCRNoRepeatNGramLogitProcessor
+
+    return DeepseekOCRNoRepeatNGramLogitProcessor.to_str()
+
+
+def test_custom_logit_processor_per_node_gives_nones_tokens(fleet, prompts, dflash_is_exact, record_property):
+    """SGLang's own DeepSeek-OCR n-gram blocker (it reads the answer so far through the request) under
+    deterministic inference: DDTREE's greedy answers equal NONE's exactly, one at a time and 8 at once, and the
+    processor changed NONE's answer."""
+    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, PENALISED)
+    sampling = {**harness.greedy(), "custom_params": {"ngram_size": 3, "window_size": 96}}
+
+    def run(server, concurrency):
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return outputs(list(pool.map(lambda p: server.generate(p, sampling, custom_logit_processor=ngram_blocker()),
+                                         prompts)))
+
+    want = run(plain, 1)
+    changed = sum(a != b for a, b in zip(want, outputs(plain.complete_all(prompts, harness.greedy(), 1))))
+    record_property("prompts whose NONE answer the processor changed", f"{changed}/{len(prompts)}")
+    same = {}
+    for mode, concurrency in (("one by one", 1), ("8 at once", 8)):
+        got = run(tree, concurrency)
+        same[mode] = sum(a == b for a, b in zip(want, got))
+        record_property(f"{mode}: identical", f"{same[mode]}/{len(prompts)}")
+    assert changed > 0
+    if not dflash_is_exact:
+        pytest.skip(f"SGLang's own DFLASH is not exact against NONE under deterministic inference here (identical {same})")
+    assert same == {"one by one": len(prompts), "8 at once": len(prompts)}
+
+
+# --- output logprobs (issue 33, item 1) --------------------------------------------------------------------
+
+LOGPROB_TOLERANCE = 0.1    # nats: bf16 logits over a verify pass against a decode step (see the export check)
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_output_logprobs_equal_nones(fleet, prompts, concurrency, record_property):
+    """Greedy with return_logprob and 5 top logprobs: on every token where DDTREE's answer equals NONE's (both
+    with deterministic inference), its logprob and top-5 are as close to NONE's as SGLang's own DFLASH's are (the
+    control, same numerics: a verify pass's logits against a decode step's; at most twice its largest difference
+    + 0.02, and within LOGPROB_TOLERANCE); every emitted token has one. (The H200 run of 2026-12-03 saw DDTREE at
+    max 0.25 / top-5 0.78 on the top-2-of-8 pair with no control beside it.)"""
+    plain, tree, control = ready(fleet, DETERMINISTIC[0]), ready(fleet, LOGPROBS), ready(fleet, DETERMINISTIC[1])
+    asks = {"return_logprob": True, "top_logprobs_num": 5}
+
+    def run(server, conc):
+        with ThreadPoolExecutor(max_workers=conc) as pool:
+            return list(pool.map(lambda p: server.generate(p, harness.greedy(64), **asks), prompts))
+
+    want = run(plain, 1)
+
+    def against_none(got) -> tuple[list[float], list[float], int]:
+        diffs, top_diffs, compared = [], [], 0
+        for w, g in zip(want, got):
+            wl, gl = w["meta_info"]["output_token_logprobs"], g["meta_info"]["output_token_logprobs"]
+            assert len(gl) == len(g["output_ids"]), "a committed token without its logprob"
+            same = next((i for i, (a, b) in enumerate(zip(w["output_ids"], g["output_ids"])) if a != b),
+                        len(g["output_ids"]))
+            compared += same
+            diffs += [abs(a[0] - b[0]) for a, b in zip(wl[:same], gl[:same])]
+            tops = zip(w["meta_info"]["output_top_logprobs"][:same], g["meta_info"]["output_top_logprobs"][:same])
+            for a, b in tops:
+                top_diffs += [abs(x[0] - y[0]) for x, y in zip(a, b) if x[1] == y[1]]
+        return diffs, top_diffs, compared
+
+    diffs, top_diffs, compared = against_none(run(tree, concurrency))
+    control_diffs, control_top, _ = against_none(run(control, 1))
+    bound = min(LOGPROB_TOLERANCE, 2 * max(control_diffs + control_top, default=0.0) + 0.02)
+    record_property("tokens compared", compared)
+    record_property("|dlogprob| mean / max", f"{sum(diffs) / len(diffs):.4f} / {max(diffs):.4f}")
+    record_property("top-5 |dlogprob| max (same ids)", f"{max(top_diffs):.4f}")
+    record_property("DFLASH (control) |dlogprob| max / top-5 max",
+                    f"{max(control_diffs, default=0):.4f} / {max(control_top, default=0):.4f}")
+    assert compared > len(prompts) * 16
+    assert max(diffs) <= bound and max(top_diffs) <= bound, bound
