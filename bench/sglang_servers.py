@@ -84,7 +84,8 @@ PROFILE_SUFFIX = "-profile"
 PROFILE_STEPS = 40      # decode steps per logged line of a profiled server (ddtree.sglang.profile)
 # constrained decoding servers: at most 2 white-space characters in a row in JSON output, so that a greedy
 # answer ends inside max_new_tokens (xgrammar's default lets JSON white space run on)
-GRAMMAR_ARGS = ("--constrained-json-max-whitespace-cnt", "2")
+# and Kimi K2's tool-call parser, as production serves it (without a parser SGLang 0.5.23 returns no tool_calls)
+GRAMMAR_ARGS = ("--constrained-json-max-whitespace-cnt", "2", "--tool-call-parser", "kimi_k2")
 # name suffixes, in this order after the base name: the block-16 draft, the Kimi wrapper's target (its
 # text-only processor stand-in is remote code), the INT4-expert target, SGLang's Triton MoE runner instead
 # of its default (Marlin for INT4 on Hopper and sm_120), FlashInfer attention, the radix cache, SGLang's
@@ -111,6 +112,7 @@ SUFFIXES = {
     "-dump": lambda c: replace(c, env=c.env + ((DUMP_ENV, DUMP_AUTO),)),
     "-tok": lambda c: replace(c, tokenizer=True),
     "-fault": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "sibling"),)),
+    "-stalepen": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "stale-penalties"),)),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
 
@@ -124,7 +126,8 @@ def config(name: str) -> ServerConfig:
     allowed for DDTREE by SGLANG_DDTREE_OVERLAP=1), -synccheck (DDTREE's steps under torch's sync debug mode, warn),
     -bs48 (48 running requests, decode graphs up to 48, a KV pool of 65,536 tokens), -grammar (the server tokenizes, JSON white space bounded, DDTREE's constrained decoding served),
     -tp2 (tensor parallel on 2 GPUs), -dump (DDTREE writes every step's tree, verify logits and prefix KV to
-    Server.dump_dir), -fault (a deliberate tree-mask fault: nodes see their earlier siblings), -tok (the server loads
+    Server.dump_dir), -fault (a deliberate tree-mask fault: nodes see their earlier siblings), -stalepen (a deliberate
+    penalty fault: every node penalised with the step start's counts), -tok (the server loads
     the pair's tokenizer: SGLang refuses min_new_tokens, stop strings and grammars without one), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):

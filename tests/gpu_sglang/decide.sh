@@ -17,7 +17,7 @@
 #              pytest session per pair at once (ports 35000 + 1000 x i): tests/gpu_sglang/test_requests.py
 #              (deterministic inference as the control, seeds, penalties and min_new_tokens, custom logit
 #              processors, output logprobs) and test_grammars.py, each pair's controls on servers beside its DDTREE
-#              servers;
+#              servers; REQUEST_K selects tests (pytest -k);
 #   part "all": nodes, then greedy; several parts in one call run one after the other (decide.sh requests greedy).
 # Results come back through $OUT, one archive per part (nodes.tgz, greedy.tgz: results.md / results.json, node-check.md,
 # server logs) and train-logs.tgz; each part's tables are printed too.
@@ -106,7 +106,8 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
     for s in ${REQUEST_SIZES:-small kimi-dense}; do
       env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-requests-$s" SGLANG_DDTREE_START="$names" \
         SGLANG_DDTREE_BASE_PORT=$((35000 + 1000 * i)) python3 -m pytest tests/gpu_sglang/test_requests.py \
-        tests/gpu_sglang/test_grammars.py -p no:cacheprovider -q -rfE > "$ROOT/requests-$s.log" 2>&1 &
+        tests/gpu_sglang/test_grammars.py -p no:cacheprovider -q -rfE ${REQUEST_K:+-k "$REQUEST_K"} \
+        > "$ROOT/requests-$s.log" 2>&1 &
       i=$((i + 1))
     done
     wait

@@ -194,18 +194,25 @@ def test_openai_client_response_format_json_schema(fleet, record_property):
 
 
 def test_openai_client_forced_tool_call(fleet, record_property):
+    """tool_choice naming the function, the servers running Kimi K2's tool-call parser (as production does; SGLang
+    0.5.23 returns no tool_calls without a parser - the H200 run of 2026-12-03): each server's reply is recorded
+    before anything is asserted, so a failure names the server."""
     import jsonschema
 
-    calls = {}
+    calls, replies = {}, {}
     for name in (NONE, DDTREE):
         client, model = openai_client(ready(fleet, name))
         reply = client.chat.completions.create(
             model=model, temperature=0, max_tokens=MAX_NEW, tools=[WEATHER],
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
             messages=[{"role": "user", "content": "What is the weather in Oslo?"}])
-        tool_calls = reply.choices[0].message.tool_calls
-        assert tool_calls and tool_calls[0].function.name == "get_weather", reply
-        calls[name] = tool_calls[0].function.arguments
+        message = reply.choices[0].message
+        replies[name] = {"finish": reply.choices[0].finish_reason, "content": (message.content or "")[:160],
+                         "tool_calls": [(c.function.name, c.function.arguments) for c in message.tool_calls or []]}
+        record_property(f"{name} reply", str(replies[name])[:400])
+    for name in (NONE, DDTREE):
+        tool_calls = replies[name]["tool_calls"]
+        assert tool_calls and tool_calls[0][0] == "get_weather", f"{name}: no get_weather call: {replies[name]}"
+        calls[name] = tool_calls[0][1]
         jsonschema.validate(json.loads(calls[name]), WEATHER["function"]["parameters"])
-    record_property("DDTREE arguments", calls[DDTREE][:200])
     assert calls[DDTREE] == calls[NONE]

@@ -33,5 +33,5 @@ def test_every_penalty_request_is_accepted_by_the_servers_it_is_sent_to(server, 
 
 
 def test_the_same_request_to_a_server_without_its_tokenizer_is_refused():
-    with pytest.raises(ValueError, match="min_new_tokens=100 is unavailable when skip_tokenizer_init"):
+    with pytest.raises(ValueError, match=r"min_new_tokens=\d+ is unavailable when skip_tokenizer_init"):
         check("ddtree-b32-c8-graphs-det-pen-lp-clp", {**harness.greedy(), **requests_test.PENALTIES["min_new_tokens"]})

@@ -1,7 +1,7 @@
 """Custom logit processors at every DDTREE node (issue 33, item 5) with SGLang 0.5.23's own processors, on the CPU.
 
 NONE: a stand-in target decoded greedily, SGLang's apply_custom_logit_processor on each step's logits with the
-request's params and its Req (origin_input_ids + output_ids, as SGLang's scheduler puts "__req__" in them).
+request's params and its Req (SGLang's own Req class, token ids in array('q'); its scheduler puts it in "__req__").
 DDTREE: trees from a draft that knows the target a little, ddtree.sglang.logit_processors on every node's row
 (each node's Req view extended by its own path), the greedy walk. With SGLang's DeepSeek-OCR n-gram blocker
 (it reads the answer so far) and its disallowed-tokens processor (it reads only its parameters) in one batch,
@@ -11,7 +11,7 @@ they are not.
 
 from __future__ import annotations
 
-from types import SimpleNamespace as NS
+from array import array
 
 import pytest
 import torch
@@ -19,9 +19,11 @@ import torch
 pytest.importorskip("sglang", reason="run in the SGLang contract venv (make test)")
 
 from sglang.srt.layers.sampler import apply_custom_logit_processor  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.sampling.custom_logit_processor import (  # noqa: E402
     DeepseekOCRNoRepeatNGramLogitProcessor, DisallowedTokensLogitsProcessor)
 from sglang.srt.sampling.sampling_batch_info import ProcessorEntry  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from ddtree import build_tree  # noqa: E402
 from ddtree.sglang.logit_processors import NodeRequest, apply_node_processors, node_paths  # noqa: E402
@@ -64,28 +66,28 @@ PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]]
 
 
 def none_decode(length: int) -> list[list[int]]:
-    reqs = [NS(origin_input_ids=list(p), output_ids=[]) for p in PROMPTS]
+    reqs = [sglang_req(p) for p in PROMPTS]
     info = Info(KINDS, reqs)
     for _ in range(length):
         logits = torch.stack([target_logits(r.origin_input_ids + r.output_ids) for r in reqs])
         apply_custom_logit_processor(logits, info)
         for r, t in zip(reqs, logits.argmax(-1).tolist()):
             r.output_ids.append(t)
-    return [r.output_ids for r in reqs]
+    return [list(r.output_ids) for r in reqs]
 
 
 def ddtree_decode(length: int, per_node: bool = True, budget=12, cap=3, depth=4, seed=0) -> list[list[int]]:
     """The worker's flow: the prefill's token (NONE's step), then trees whose node rows get the processors
     (per_node: each node's own path; else SGLang's DFLASH way, the step's Req at every node)."""
     gen = torch.Generator().manual_seed(seed)
-    reqs = [NS(origin_input_ids=list(p), output_ids=[]) for p in PROMPTS]
+    reqs = [sglang_req(p) for p in PROMPTS]
     info = Info(KINDS, reqs)
     first = torch.stack([target_logits(r.origin_input_ids) for r in reqs])
     apply_custom_logit_processor(first, info)
     for r, t in zip(reqs, first.argmax(-1).tolist()):
         r.output_ids.append(t)
     while min(len(r.output_ids) for r in reqs) < length:
-        seqs = [r.origin_input_ids + r.output_ids for r in reqs]
+        seqs = [list(r.origin_input_ids + r.output_ids) for r in reqs]
         draft = torch.stack([informed_draft(target_logits, sq, depth, gen, noise=1.5) for sq in seqs])
         tree = build_tree(draft, torch.tensor([sq[-1] for sq in seqs]), budget=budget, topk_cap=cap, backend="torch")
         n = tree.tokens.shape[1]
@@ -98,8 +100,8 @@ def ddtree_decode(length: int, per_node: bool = True, budget=12, cap=3, depth=4,
             apply_custom_logit_processor(flat, info, num_tokens_in_batch=n)
         verdict = accept_path(tree, rows.argmax(-1))
         for b, r in enumerate(reqs):
-            r.output_ids += verdict.tokens[b, : int(verdict.accept_len[b]) + 1].tolist()
-    return [r.output_ids[:length] for r in reqs]
+            r.output_ids.extend(verdict.tokens[b, : int(verdict.accept_len[b]) + 1].tolist())
+    return [list(r.output_ids[:length]) for r in reqs]
 
 
 def test_processors_per_node_give_nones_tokens():
@@ -117,11 +119,20 @@ def test_the_step_start_req_at_every_node_is_not_enough():
     assert got[KINDS.index("ngram")] != want[KINDS.index("ngram")] or got[3] != want[3]
 
 
+def sglang_req(prompt: list[int], rid: str = "r") -> Req:
+    """SGLang 0.5.23's own Req, built as its scheduler builds one (token ids as array('q'))."""
+    return Req(rid, "", array("q", prompt), SamplingParams(max_new_tokens=64))
+
+
 def test_a_node_view_is_the_req_with_its_path():
-    req = NS(origin_input_ids=[1, 2], output_ids=[5, 6], rid="r1")
+    req = sglang_req([1, 2], "r1")
+    req.output_ids.extend([5, 6])
     view = NodeRequest(req, [7, 8])
-    assert view.output_ids == [5, 6, 7, 8] and view.origin_input_ids == [1, 2] and view.rid == "r1"
-    assert req.output_ids == [5, 6]
+    assert list(view.output_ids) == [5, 6, 7, 8] and list(view.origin_input_ids) == [1, 2] and view.rid == "r1"
+    assert list(req.output_ids) == [5, 6]
+    # processors add the two (SGLang's n-gram blocker: req.origin_input_ids + req.output_ids); a list view of an
+    # array Req crashed SGLang's scheduler on the H200 (2026-12-03)
+    assert list(view.origin_input_ids + view.output_ids) == [1, 2, 5, 6, 7, 8]
     with pytest.raises(AttributeError, match="read-only"):
         view.output_ids = []
     assert node_paths([9, 4, 5, 6, 9], [-1, 0, 0, 1, -1]) == [[], [4], [5], [4, 6], []]

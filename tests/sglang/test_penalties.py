@@ -24,6 +24,7 @@ from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestr
 
 from ddtree import build_tree  # noqa: E402
 from ddtree.penalties import apply_node_penalties  # noqa: E402
+from ddtree.sglang.step_dump import hide_paths_from_penalties  # noqa: E402
 from ddtree.sglang.penalty_state import feed_committed, penalty_state  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 from tests.helpers import informed_draft, tree_node_path  # noqa: E402
@@ -79,11 +80,12 @@ def none_decode(prompts, settings, length):
     return [s[len(p):] for s, p in zip(seqs, prompts)]
 
 
-def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0):
+def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0, stale=False):
     """The worker's flow with one orchestrator for the batch (SGLang 0.5.23's DFLASH-family decode preparation
     feeds the penalizers nothing): the prefill's token; each DDTREE step feeds its roots (the prefill's token,
     then the last bonus), penalises its nodes from that state, walks, and feeds the accepted draft tokens
-    (feed_committed)."""
+    (feed_committed). stale: the test bed's deliberate fault stale-penalties (the step start's counts at every
+    node, the worker's SGLANG_DDTREE_FAULT=stale-penalties)."""
     gen, seqs, orch = torch.Generator().manual_seed(seed), [list(p) for p in prompts], orchestrator(settings)
     first = torch.stack([target_logits(sq) for sq in seqs])
     orch.apply(first, repeat=1)
@@ -99,7 +101,7 @@ def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0):
                                          for j in range(tree.tokens.shape[1])]) for b in range(bs)])
         state = penalty_state(orch, bs, VOCAB, "cpu")
         if state is not None:
-            apply_node_penalties(rows, tree, state)
+            apply_node_penalties(rows, hide_paths_from_penalties(tree) if stale else tree, state)
         verdict = accept_path(tree, rows.argmax(-1))
         feed_committed(orch, verdict.tokens, verdict.accept_len)                 # the worker, after the walk
         for b in range(bs):
@@ -127,21 +129,11 @@ def test_ddtree_with_penalties_gives_nones_tokens(settings):
 
 def test_the_path_matters_a_step_start_penalty_is_not_enough():
     """The same decoding with the penalties frozen at the root (what a chain verifier broadcasting the step's
-    penalty does) gives other tokens: the per-node path corrections are what makes DDTREE equal NONE."""
-    import ddtree.penalties as pen
-
+    penalty does, and the GPU test bed's deliberate fault stale-penalties) gives other tokens: the per-node path
+    corrections are what makes DDTREE equal NONE."""
     settings = [{"frequency": 1.2, "presence": 1.0}] * 4
     want = none_decode(PROMPTS, settings, 24)
-    real = pen.path_pairs
-
-    def no_path(tree, vocab):
-        pairs = real(tree, vocab)
-        return pen.PathPairs(pairs.on_path & False, pairs.first & False, pairs.token_on_path & False, pairs.index)
-    try:
-        pen.path_pairs = no_path
-        frozen, _ = ddtree_decode(PROMPTS, settings, 24)
-    finally:
-        pen.path_pairs = real
+    frozen, _ = ddtree_decode(PROMPTS, settings, 24, stale=True)
     assert frozen != want
 
 

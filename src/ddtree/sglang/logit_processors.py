@@ -25,15 +25,24 @@ from ddtree.types import DraftTree
 REQ_KEY = "__req__"
 
 
+def extended(ids, path: list[int]):
+    """`ids` + `path` in `ids`' own container: SGLang 0.5.23's Req keeps origin_input_ids and output_ids as
+    array('q'), and processors add the two (`req.origin_input_ids + req.output_ids`), which fails for an array
+    and a list (the H200 run of 2026-12-03: the n-gram blocker crashed the scheduler on a list here)."""
+    out = ids[:]                       # a list slice is a list, an array slice an array of the same typecode
+    out.extend(path)
+    return out
+
+
 class NodeRequest:
-    """A Req seen from one tree node: output_ids = the committed answer + the node's path below the root;
-    every other attribute is the Req's."""
+    """A Req seen from one tree node: output_ids = the committed answer + the node's path below the root, in
+    the Req's own container type; every other attribute is the Req's."""
 
     __slots__ = ("_req", "output_ids")
 
     def __init__(self, req, path: list[int]):
         object.__setattr__(self, "_req", req)
-        object.__setattr__(self, "output_ids", [*req.output_ids, *path])
+        object.__setattr__(self, "output_ids", extended(req.output_ids, path))
 
     def __getattr__(self, name):
         return getattr(object.__getattribute__(self, "_req"), name)

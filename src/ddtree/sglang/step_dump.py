@@ -10,6 +10,8 @@ deploy's input check refuses both variables in k26_service_env).
                                 SGLang's pool, every layer (MLA: the latent + rope row; else keys and values)
   SGLANG_DDTREE_FAULT=sibling   every tree node also sees its earlier siblings in the verify mask: a broken tree
                                 mask, for showing that a check fails on it. The accept walk is unchanged.
+  SGLANG_DDTREE_FAULT=stale-penalties  every node penalised with the step start's counts instead of its own path's
+                                (SGLang's DFLASH way): for showing that the penalty test fails on it.
 
 The dump reads the device (a host copy per step): a diagnostics mode like the step profiler, not a served one.
 """
@@ -56,6 +58,15 @@ def leak_siblings(tree: DraftTree) -> DraftTree:
     same_parent = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (tree.parents[:, :, None] >= 0)
     earlier = torch.ones((n, n), dtype=torch.bool, device=tree.tokens.device).tril(-1)      # [N, N] j < i
     return dataclasses.replace(tree, ancestor_mask=tree.ancestor_mask | (same_parent & earlier))
+
+
+def hide_paths_from_penalties(tree: DraftTree) -> DraftTree:
+    """The deliberate fault stale-penalties: the tree as the penalties see it, every node's path below the root
+    hidden (ancestor_mask keeps the root column only), so each node gets the step start's counts - how SGLang's
+    DFLASH verify applies penalties over its block. Used for the penalties only; attention keeps the real tree."""
+    root_only = torch.zeros_like(tree.ancestor_mask)
+    root_only[:, :, 0] = True
+    return dataclasses.replace(tree, ancestor_mask=tree.ancestor_mask & root_only)
 
 
 def read_prefix_kv(pool, slots: torch.Tensor) -> dict[str, torch.Tensor]:

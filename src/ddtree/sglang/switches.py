@@ -137,8 +137,9 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SGLANG_DDTREE_DUMP_STEPS", "dump_steps", "count", "400", "test bed: how many steps the dump keeps",
            test_bed_only=True),
     Switch("SGLANG_DDTREE_FAULT", "fault", "choice", "",
-           "test bed: a deliberate fault (sibling: earlier siblings visible in the verify mask)",
-           choices=("sibling",), test_bed_only=True),
+           "test bed: a deliberate fault (sibling: earlier siblings visible in the verify mask; stale-penalties: "
+           "every node penalised with the step start's counts, not its own path's)",
+           choices=("sibling", "stale-penalties"), test_bed_only=True),
 )
 NAME = {s.field: s.name for s in SWITCHES}      # field -> variable, for messages
 

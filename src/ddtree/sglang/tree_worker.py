@@ -89,7 +89,7 @@ from ddtree.sglang.sync_check import SyncCheck
 from ddtree.settings import DDTreeConfigError
 from ddtree.sglang.server_env import from_env, resolved_block, schedule_from_env
 from ddtree.sglang import switches
-from ddtree.sglang.step_dump import Diagnostics, StepDump, announce, leak_siblings
+from ddtree.sglang.step_dump import Diagnostics, StepDump, announce, hide_paths_from_penalties, leak_siblings
 from ddtree.sglang.widths import TargetWidths
 from ddtree.tree import build_tree_from_candidates, candidate_count
 from ddtree.types import Candidates, DraftTree, SamplingParams
@@ -472,7 +472,8 @@ class DDTreeWorker(DFlashWorkerV2):
             return None
         penalties = self._ddtree_penalties(info, rows, tree.tokens[:, 0])
         if penalties is not None:
-            apply_node_penalties(rows, tree, penalties)
+            stale = self._ddtree_diag.fault == "stale-penalties"                  # a deliberate fault (tests)
+            apply_node_penalties(rows, hide_paths_from_penalties(tree) if stale else tree, penalties)
         if info.logit_bias is not None:
             rows.add_(info.logit_bias[:, None, :].to(rows.dtype))
         flat = rows.view(-1, rows.shape[-1])                                     # [bs * N, V]
