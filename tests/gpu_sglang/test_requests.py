@@ -235,16 +235,19 @@ def test_custom_logit_processor_per_node_gives_nones_tokens(fleet, prompts, reco
 
 # --- output logprobs (issue 33, item 1) --------------------------------------------------------------------
 
-LOGPROB_TOLERANCE = 0.1    # nats: bf16 logits over a verify pass against a decode step (see the export check)
+LOGPROB_MARGIN = 0.02      # nats above the control's own largest difference (one bf16 step of a log-prob near 2)
+LOGPROB_CEILING = 0.5      # nats: a logprob read from the wrong node or before processing is off by about a nat
 
 
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_output_logprobs_equal_nones(fleet, prompts, concurrency, record_property):
     """Greedy with return_logprob and 5 top logprobs: on every token where DDTREE's answer equals NONE's (both
     with deterministic inference), its logprob and top-5 are as close to NONE's as SGLang's own DFLASH's are (the
-    control, same numerics: a verify pass's logits against a decode step's; at most twice its largest difference
-    + 0.02, and within LOGPROB_TOLERANCE); every emitted token has one. (The H200 run of 2026-12-03 saw DDTREE at
-    max 0.25 / top-5 0.78 on the top-2-of-8 pair with no control beside it.)"""
+    control, same numerics: a verify pass's logits against a decode step's): the chosen token's and the top-5's
+    largest differences each at most the control's own + LOGPROB_MARGIN, and below LOGPROB_CEILING; every emitted
+    token has one. (The H200 run of 2026-12-03 saw DDTREE at max 0.25 / top-5 0.78 on the top-2-of-8 pair with no
+    control beside it; the second run, with the control, DFLASH's own top-5 differences reached 0.186 on the dense
+    pair - above the fixed 0.1 the test then used, so the bound is the control's, per metric.)"""
     plain, tree, control = ready(fleet, DETERMINISTIC[0]), ready(fleet, LOGPROBS), ready(fleet, DETERMINISTIC[1])
     asks = {"return_logprob": True, "top_logprobs_num": 5}
 
@@ -270,11 +273,12 @@ def test_output_logprobs_equal_nones(fleet, prompts, concurrency, record_propert
 
     diffs, top_diffs, compared = against_none(run(tree, concurrency))
     control_diffs, control_top, _ = against_none(run(control, 1))
-    bound = min(LOGPROB_TOLERANCE, 2 * max(control_diffs + control_top, default=0.0) + 0.02)
+    bound = min(LOGPROB_CEILING, max(control_diffs, default=0.0) + LOGPROB_MARGIN)
+    top_bound = min(LOGPROB_CEILING, max(control_top, default=0.0) + LOGPROB_MARGIN)
     record_property("tokens compared", compared)
     record_property("|dlogprob| mean / max", f"{sum(diffs) / len(diffs):.4f} / {max(diffs):.4f}")
     record_property("top-5 |dlogprob| max (same ids)", f"{max(top_diffs):.4f}")
     record_property("DFLASH (control) |dlogprob| max / top-5 max",
                     f"{max(control_diffs, default=0):.4f} / {max(control_top, default=0):.4f}")
     assert compared > len(prompts) * 16
-    assert max(diffs) <= bound and max(top_diffs) <= bound, bound
+    assert max(diffs) <= bound and max(top_diffs) <= top_bound, (bound, top_bound)

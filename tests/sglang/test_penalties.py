@@ -5,7 +5,9 @@ BatchedPenalizerOrchestrator applied before each choice and fed each chosen toke
 does. DDTREE: trees from a draft that knows the target a little, the node logits penalised by
 ddtree.penalties with the state read from the same orchestrator as of the root
 (ddtree.sglang.penalty_state), the greedy walk, the committed tokens fed to the one orchestrator of
-the batch as the worker feeds them (the root before the step, the accepted draft tokens after it). The emitted tokens must be NONE's for frequency, presence, repetition and
+the batch as the worker feeds them (the root before the step, the accepted draft tokens after it), the sampling info
+as a real server hands it to the worker (SGLang's forward copy with the plugin's hook). The emitted tokens must be
+NONE's for frequency, presence, repetition and
 min_new_tokens, alone and together, with requests of different settings in one batch. Runs in the
 SGLang contract venv.
 """
@@ -21,11 +23,13 @@ pytest.importorskip("sglang", reason="run in the SGLang contract venv (make test
 
 from sglang.srt.sampling import penaltylib  # noqa: E402
 from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator  # noqa: E402
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402
 
 from ddtree import build_tree  # noqa: E402
 from ddtree.penalties import apply_node_penalties  # noqa: E402
 from ddtree.sglang.step_dump import hide_paths_from_penalties  # noqa: E402
-from ddtree.sglang.penalty_state import feed_committed, penalty_state  # noqa: E402
+from ddtree.sglang.penalty_state import feed_committed, keep_orchestrator, orchestrator_of  # noqa: E402
+from ddtree.sglang.tree_worker import DDTreeWorker  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 from tests.helpers import informed_draft, tree_node_path  # noqa: E402
 
@@ -80,12 +84,39 @@ def none_decode(prompts, settings, length):
     return [s[len(p):] for s, p in zip(seqs, prompts)]
 
 
-def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0, stale=False):
+def plain_info(orch, bs: int):
+    """A batch whose sampling info the worker gets as the scheduler holds it (the orchestrator in its field)."""
+    return NS(penalizer_orchestrator=orch)
+
+
+def sampling_info(orch, bs: int) -> SamplingBatchInfo:
+    """SGLang 0.5.23's own SamplingBatchInfo of a greedy batch holding the orchestrator."""
+    ones = torch.ones(bs)
+    return SamplingBatchInfo(temperatures=ones[:, None], top_ps=ones, top_ks=ones.int(), min_ps=ones * 0,
+                             is_all_greedy=True, is_any_greedy=True, need_top_p_sampling=False,
+                             need_top_k_sampling=False, need_min_p_sampling=False, vocab_size=VOCAB,
+                             penalizer_orchestrator=orch, device="cpu")
+
+
+def forward_copy(orch, bs: int):
+    """What the worker gets in a real server: SGLang's scheduler runs each forward on copy_for_forward()'s copy
+    (Scheduler._forward_isolation), and the plugin's AFTER hook (keep_orchestrator) runs on its result."""
+    info = sampling_info(orch, bs)
+    return keep_orchestrator(info.copy_for_forward(), info)
+
+
+def unhooked_copy(orch, bs: int):
+    """The same copy without the plugin's hook: the orchestrator is gone (the H200 run of 2026-12-03)."""
+    return sampling_info(orch, bs).copy_for_forward()
+
+
+def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0, stale=False, info_of=plain_info):
     """The worker's flow with one orchestrator for the batch (SGLang 0.5.23's DFLASH-family decode preparation
-    feeds the penalizers nothing): the prefill's token; each DDTREE step feeds its roots (the prefill's token,
-    then the last bonus), penalises its nodes from that state, walks, and feeds the accepted draft tokens
-    (feed_committed). stale: the test bed's deliberate fault stale-penalties (the step start's counts at every
-    node, the worker's SGLANG_DDTREE_FAULT=stale-penalties)."""
+    feeds the penalizers nothing): the prefill's token; each DDTREE step gets its sampling info from info_of
+    (the scheduler's, or the forward copy a real server hands the worker), feeds its roots and reads the state
+    through the worker's own _ddtree_penalties, penalises its nodes from that state, walks, and feeds the accepted
+    draft tokens (feed_committed). stale: the test bed's deliberate fault stale-penalties (the step start's counts
+    at every node, the worker's SGLANG_DDTREE_FAULT=stale-penalties)."""
     gen, seqs, orch = torch.Generator().manual_seed(seed), [list(p) for p in prompts], orchestrator(settings)
     first = torch.stack([target_logits(sq) for sq in seqs])
     orch.apply(first, repeat=1)
@@ -94,16 +125,16 @@ def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0, 
     steps = 0
     while min(len(sq) - len(p) for sq, p in zip(seqs, prompts)) < length:
         bs = len(seqs)
-        orch.cumulate_output_tokens(torch.tensor([sq[-1] for sq in seqs]))     # the roots (_ddtree_penalties)
+        info = info_of(orch, bs)
         draft = torch.stack([informed_draft(target_logits, sq, depth, gen, noise=1.5) for sq in seqs])
         tree = build_tree(draft, torch.tensor([sq[-1] for sq in seqs]), budget=budget, topk_cap=cap, backend="torch")
         rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + tree_node_path(tree, b, j))
                                          for j in range(tree.tokens.shape[1])]) for b in range(bs)])
-        state = penalty_state(orch, bs, VOCAB, "cpu")
+        state = DDTreeWorker._ddtree_penalties(info, rows, tree.tokens[:, 0])     # feeds the roots
         if state is not None:
             apply_node_penalties(rows, hide_paths_from_penalties(tree) if stale else tree, state)
         verdict = accept_path(tree, rows.argmax(-1))
-        feed_committed(orch, verdict.tokens, verdict.accept_len)                 # the worker, after the walk
+        feed_committed(orchestrator_of(info), verdict.tokens, verdict.accept_len)     # the worker, after the walk
         for b in range(bs):
             seqs[b] += verdict.tokens[b, : int(verdict.accept_len[b]) + 1].tolist()
         steps += 1
@@ -125,6 +156,35 @@ def test_ddtree_with_penalties_gives_nones_tokens(settings):
     assert steps < 24 - 1                                             # trees were accepted past the root
     without = none_decode(PROMPTS, [{}] * 4, 24)
     assert want[0] != without[0] or want[2] != without[2]            # the penalty changed the answer
+
+
+def test_penalties_reach_the_worker_through_sglangs_forward_copy():
+    """In a real server the worker's sampling info is SGLang's forward copy, whose penalizer_orchestrator is None.
+    With the plugin's hook (keep_orchestrator) the worker still finds the scheduler's orchestrator and the answers
+    are NONE's; without it every penalty is silently ignored (what the H200 run of 2026-12-03 found: DDTREE's
+    penalised answers were the unpenalised ones, token for token SGLang's own DFLASH's)."""
+    settings = [{"frequency": 0.9, "presence": 0.5, "repetition": 1.4, "min_new": 10}, {}, {"presence": 1.5},
+                {"repetition": 1.2}]
+    want = none_decode(PROMPTS, settings, 24)
+    assert sampling_info(orchestrator(settings), 4).copy_for_forward().penalizer_orchestrator is None   # SGLang's fact
+    hooked, _ = ddtree_decode(PROMPTS, settings, 24, info_of=forward_copy)
+    assert hooked == want
+    unhooked, _ = ddtree_decode(PROMPTS, settings, 24, info_of=unhooked_copy)
+    assert unhooked != want
+
+
+def test_the_plugin_registers_the_hook_on_sglangs_own_forward_copy():
+    import importlib
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from ddtree.sglang import penalty_state, plugin
+
+    module, cls, method = penalty_state.FORWARD_COPY.rsplit(".", 2)
+    assert callable(getattr(getattr(importlib.import_module(module), cls), method))
+    plugin.register()
+    assert (HookType.AFTER, penalty_state.keep_orchestrator) in [(t, h) for t, h, _ in
+                                                                 HookRegistry._hooks[penalty_state.FORWARD_COPY]]
 
 
 def test_the_path_matters_a_step_start_penalty_is_not_enough():

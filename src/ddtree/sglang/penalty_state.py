@@ -2,13 +2,51 @@
 (`sampling_info.penalizer_orchestrator`) into ddtree.penalties.PenaltyState. No SGLang import: the
 penalizers are found by class name and read by their 0.5.23 attribute names (a contract test runs
 them: tests/sglang/test_penalties.py). Only prepared penalizers count (SGLang prepares one when a
-request in the batch uses it)."""
+request in the batch uses it).
+
+Where the orchestrator is: SGLang 0.5.23's scheduler runs every forward on a copy of the batch's sampling info
+(Scheduler._forward_isolation -> SamplingBatchInfo.copy_for_forward) whose penalizer_orchestrator is None, the
+penalties pre-accumulated once at the step start into acc_additive_penalties / acc_scaling_penalties. That serves a
+step that samples one token per request; DDTREE needs the orchestrator itself (each node's penalties depend on its
+own path, and the worker feeds the tokens a step commits). The plugin's AFTER hook on copy_for_forward
+(keep_orchestrator) leaves the copy a reference to the scheduler's own orchestrator under KEPT; SGLang's code never
+reads that name, so nothing of SGLang applies it a second time. Without it the worker saw no orchestrator and served
+every penalty as none (the H200 run of 2026-12-03: DDTREE's penalised answers were SGLang's DFLASH's, which ignores
+penalties the same way, token for token).
+"""
 
 from __future__ import annotations
 
 import torch
 
 from ddtree.penalties import PenaltyState
+
+
+FORWARD_COPY = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward"
+KEPT = "ddtree_penalizer_orchestrator"
+
+
+def keep_orchestrator(result, info, *args, **kwargs):
+    """AFTER hook on SGLang 0.5.23's SamplingBatchInfo.copy_for_forward(self): the forward's copy keeps a reference
+    to the scheduler's penalizer orchestrator (the same object, not a copy: what the worker feeds persists)."""
+    if result is not None and getattr(info, "penalizer_orchestrator", None) is not None:
+        setattr(result, KEPT, info.penalizer_orchestrator)
+    return result
+
+
+def orchestrator_of(info):
+    """The batch's penalizer orchestrator: the one the forward copy kept, else the sampling info's own (a batch
+    that was not copied for the forward), else None."""
+    if info is None:
+        return None
+    return getattr(info, KEPT, None) or getattr(info, "penalizer_orchestrator", None)
+
+
+def penalties_required(info) -> bool:
+    """Whether any request of the batch has a penalty or min_new_tokens (SGLang's own check reads only the copy's
+    field, which is None during a forward)."""
+    orchestrator = orchestrator_of(info)
+    return orchestrator is not None and bool(orchestrator.is_required)
 
 
 def _prepared(orchestrator) -> dict[str, object]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ddtree.sglang import graph_check, keys, switches
+from ddtree.sglang import graph_check, keys, penalty_state, switches
 from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
 from ddtree.sglang.refusals import validate
@@ -228,6 +228,7 @@ def register() -> None:
     HookRegistry.register(CAPTURE_SPEC_INFO, capture_with_tree_mask, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, refuse_unsupported_requests, HookType.BEFORE)
     HookRegistry.register(LOGGED_SERVER_ARGS, redact_logged_secrets, HookType.AFTER)
+    HookRegistry.register(penalty_state.FORWARD_COPY, penalty_state.keep_orchestrator, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", keys.add_cli_args, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", keys.capture, HookType.AFTER)
     HookRegistry.register(keys.DECIDE, keys.accept_previous, HookType.AROUND)

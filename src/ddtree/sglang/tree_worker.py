@@ -82,7 +82,7 @@ from ddtree.sglang.logit_processors import apply_node_processors
 from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_mask, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
 from ddtree.penalties import apply_node_penalties
-from ddtree.sglang.penalty_state import feed_committed, penalty_state
+from ddtree.sglang.penalty_state import feed_committed, orchestrator_of, penalties_required, penalty_state
 from ddtree.sglang.profile import OFF, StepProfiler
 from ddtree.sglang.seeded import seeded_node_targets
 from ddtree.sglang.sync_check import SyncCheck
@@ -437,7 +437,7 @@ class DDTreeWorker(DFlashWorkerV2):
         lp = self._target_logits_processor
         targets = None
         if lp is not None and lp.is_deferred_shard(logits):
-            if greedy and self._can_skip_verify_logits(batch, info):
+            if greedy and self._can_skip_verify_logits(batch, info) and not penalties_required(info):
                 targets = lp.deferred_argmax(logits)                            # [bs * N] no full gather
                 logits_output.next_token_logits = None
             else:
@@ -459,7 +459,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._tp_sync.sync(site, targets)
         verdict = accept_path(tree, targets)
         if penalties is not None:                    # the accepted draft tokens; the bonus is the next root
-            feed_committed(info.penalizer_orchestrator, verdict.tokens, verdict.accept_len)
+            feed_committed(orchestrator_of(info), verdict.tokens, verdict.accept_len)
         return verdict
 
     def _ddtree_process(self, info, rows: torch.Tensor, tree: DraftTree, grammar_mask):
@@ -502,7 +502,7 @@ class DDTreeWorker(DFlashWorkerV2):
         DFLASH-family decode preparation feeds its penalizers nothing (NONE's feeds the last output token
         before each step), so the worker feeds each root here - the prefill's token, then each step's bonus -
         and the accepted draft tokens after the walk (feed_committed)."""
-        orchestrator = getattr(info, "penalizer_orchestrator", None) if info is not None else None
+        orchestrator = orchestrator_of(info)                # the scheduler's, kept by the plugin's hook
         if orchestrator is None or not orchestrator.is_required:
             return None
         if rows.shape[-1] != orchestrator.vocab_size:
