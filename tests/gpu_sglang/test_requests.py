@@ -125,10 +125,17 @@ def judge_processed(plain: harness.Server, prompts: list[list[int]], sampling: d
         if at is None:
             identical += 1
             continue
-        r = plain.generate(prompts[i], {**sampling, "max_new_tokens": at + 1}, return_logprob=True, top_logprobs_num=5,
+        # SGLang refuses max_new_tokens below min_new_tokens: ask for at least that many
+        length = max(at + 1, int(sampling.get("min_new_tokens", 0)))
+        r = plain.generate(prompts[i], {**sampling, "max_new_tokens": length}, return_logprob=True, top_logprobs_num=5,
                            **asks)
-        top = harness.top_dict(r["meta_info"]["output_top_logprobs"][at])
+        assert "meta_info" in r, f"NONE refused the referee's request: {r}"
+        tops = r["meta_info"]["output_top_logprobs"]
         taken = g[at] if at < len(g) else None
+        if at >= len(tops):                  # NONE stopped before this position and the answer went on
+            wrong.append((i, at, taken, float("inf")))
+            continue
+        top = harness.top_dict(tops[at])
         gap = gap_to(top, taken) if taken is not None else best_gap(top)
         if taken is not None and is_near_tie(top, taken):
             ties.append(round(gap, 5))
