@@ -26,8 +26,8 @@ pytestmark = pytest.mark.sglang_gpu
 SAMPLED = {"temperature": 0.7, "top_p": 0.9, "ignore_eos": True}
 # SGLang's deterministic inference: fixed MoE tile configs and attention split sizes whatever the batch
 # (NONE's takes custom logit processors too: the reference of the per-node processor test)
-# DDTREE's serves per-node penalties, output logprobs and custom logit processors (SGLANG_DDTREE_PENALTIES=1,
-# SGLANG_DDTREE_LOGPROBS=1, SGLANG_DDTREE_PROCESSORS=1): one server for the plain, penalty, logprob and processor
+# DDTREE's serves per-node penalties and output logprobs (SGLANG_DDTREE_PENALTIES=1, SGLANG_DDTREE_LOGPROBS=1) and
+# custom logit processors (--enable-custom-logit-processor): one server for the plain, penalty, logprob and processor
 # tests (a request without those fields takes the plain path), one start instead of three
 # -tok: SGLang 0.5.23 refuses min_new_tokens on a server that skips its tokenizer (the H200 run of 2026-12-03)
 DETERMINISTIC = ("none-det-clp-tok", "dflash-det-clp-tok", "ddtree-b32-c8-graphs-det-pen-lp-clp-tok")

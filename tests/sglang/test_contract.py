@@ -394,7 +394,7 @@ def test_the_request_hook_is_applied_and_refuses_with_the_field(tmp_path):
               "ddtree = NS(server_args=NS(speculative_algorithm='DDTREE'))\n"
               "for obj in (GenerateReqInput(input_ids=[1, 2], return_logprob=True),\n"
               "            GenerateReqInput(input_ids=[1, 2], sampling_params={'frequency_penalty': 0.5}),\n"
-              "            GenerateReqInput(input_ids=[1, 2], sampling_params={'json_schema': '{}'})):\n"
+              "            GenerateReqInput(input_ids=[1, 2], return_hidden_states=True)):\n"
               "    try:\n"
               "        TM._validate_one_request(ddtree, obj, [1, 2])\n"
               "    except ValueError as e:\n"
@@ -406,7 +406,7 @@ def test_the_request_hook_is_applied_and_refuses_with_the_field(tmp_path):
               "    print('refused by the plugin' if 'DDTREE' in str(e) else 'reached SGLang')\n")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split("\n")[:4] == ["return_logprob=True", "sampling_params.frequency_penalty=0.5",
-                                        "sampling_params.json_schema", "reached SGLang"]
+                                        "return_hidden_states=True", "reached SGLang"]
 
 
 def test_the_commit_plan_of_a_chain_matches_dflash_accept_in_sglang():

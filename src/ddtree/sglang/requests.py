@@ -9,7 +9,9 @@ fix, and the server keeps serving everyone else. Logit bias (the same for every 
 stop conditions (applied to the emitted tokens) are supported. A per-request sampling seed at
 temperature > 0 is served under SGLang's deterministic inference (each tree node drawn as SGLang's
 seeded sampler draws, ddtree.sglang.seeded) and refused without it (SGLang itself uses seeds only
-there; DDTREE would sample from the server's generator).
+there; DDTREE would sample from the server's generator). Grammars and custom logit processors are served on every
+DDTREE server (their switches were removed once the H200 test bed showed them equal to NONE on pairs where that is
+decidable, 2026-12-03: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -28,12 +30,11 @@ NEUTRAL_SAMPLING = {
     "repetition_penalty": 1.0,
     "min_new_tokens": 0,           # masks EOS by position along the path
 }
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 # switches for request features the worker implements but the GPU test bed has not yet shown equal to NONE;
 # each is refused per request unless its variable is 1 in the server's environment
-# (SGLANG_DDTREE_PENALTIES, _LOGPROBS, _GRAMMARS, _PROCESSORS: ddtree.sglang.switches)
+# (SGLANG_DDTREE_PENALTIES, _LOGPROBS: ddtree.sglang.switches)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class ServedFeatures:
     """What one DDTREE server serves beyond plain sampling, fixed at its start.
 
     deterministic: --enable-deterministic-inference (seeds at temperature > 0 are honoured);
-    penalties / logprobs / grammars / processors: the switches above; overlap: the server runs the
+    penalties / logprobs: the switches above; overlap: the server runs the
     overlap scheduler, under which penalties stay refused whatever their switch (the worker feeds
     SGLang's penalizers itself, untested with the overlap scheduler's own feeding).
     """
@@ -49,16 +50,13 @@ class ServedFeatures:
     deterministic: bool = False
     penalties: bool = False
     logprobs: bool = False
-    grammars: bool = False
-    processors: bool = False
     overlap: bool = False
 
     @classmethod
     def from_server(cls, server_args: object, read: Switches) -> ServedFeatures:
         """From SGLang's ServerArgs (getattr) and the server's switches (ddtree.sglang.switches.read)."""
         return cls(deterministic=bool(getattr(server_args, "enable_deterministic_inference", False)),
-                   penalties=read.penalties, logprobs=read.logprobs, grammars=read.grammars,
-                   processors=read.processors,
+                   penalties=read.penalties, logprobs=read.logprobs,
                    overlap=not bool(getattr(server_args, "disable_overlap_schedule", True)))
 
     @property
@@ -78,7 +76,7 @@ def request_refusal(sampling_params: Mapping | None, request: object, served: Se
     """
     params = sampling_params or {}
     return (_logprob_refusal(request, served) or _request_field_refusal(request, served)
-            or _seed_refusal(params, served) or _grammar_refusal(params, served) or _penalty_refusal(params, served))
+            or _seed_refusal(params, served) or _penalty_refusal(params, served))
 
 
 def _logprob_refusal(request: object, served: ServedFeatures) -> str | None:
@@ -97,8 +95,6 @@ def _request_field_refusal(request: object, served: ServedFeatures) -> str | Non
         return f"return_hidden_states=True is not supported by this DDTREE server; {FIX}"
     if getattr(request, "return_sampling_mask", False):
         return f"return_sampling_mask=True is not supported by this DDTREE server; {FIX}"
-    if getattr(request, "custom_logit_processor", None) and not served.processors:
-        return f"custom_logit_processor is not supported by this DDTREE server; {FIX}"
     return None
 
 
@@ -109,13 +105,6 @@ def _seed_refusal(params: Mapping, served: ServedFeatures) -> str | None:
             "temperature > 0: it runs without --enable-deterministic-inference, the only mode in which SGLang "
             "uses a seed (start the server with that flag to have seeded answers reproduced), or "
             f"{FIX}")
-
-
-def _grammar_refusal(params: Mapping, served: ServedFeatures) -> str | None:
-    for field in () if served.grammars else GRAMMAR_FIELDS:
-        if params.get(field) is not None:
-            return f"sampling_params.{field} (constrained decoding) is not supported by this DDTREE server; {FIX}"
-    return None
 
 
 def _penalty_refusal(params: Mapping, served: ServedFeatures) -> str | None:

@@ -117,10 +117,6 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SGLANG_DDTREE_PENALTIES", "penalties", "flag", "0",
            "requests with frequency / presence / repetition penalties or min_new_tokens are served"),
     Switch("SGLANG_DDTREE_LOGPROBS", "logprobs", "flag", "0", "requests for output logprobs are served"),
-    Switch("SGLANG_DDTREE_GRAMMARS", "grammars", "flag", "0",
-           "constrained decoding (JSON schema, regex, EBNF, structural tag) is served"),
-    Switch("SGLANG_DDTREE_PROCESSORS", "processors", "flag", "0",
-           "requests with a custom logit processor are served"),
     # checks an operator may run on any host
     Switch("SGLANG_DDTREE_GRAPH_CHECK", "graph_check", "flag", "on",
            "the first replay of each decode CUDA graph shape checks the step's inputs against the captured "
@@ -155,8 +151,6 @@ class Switches:
     overlap: bool = False
     penalties: bool = False
     logprobs: bool = False
-    grammars: bool = False
-    processors: bool = False
     graph_check: bool = True
     sync_check: str | None = None
     profile_steps: int | None = None
