@@ -29,7 +29,7 @@ from ddtree import build_tree  # noqa: E402
 from ddtree.penalties import apply_node_penalties  # noqa: E402
 from ddtree.sglang.step_dump import hide_paths_from_penalties  # noqa: E402
 from ddtree.sglang.penalty_state import feed_committed, keep_orchestrator, orchestrator_of  # noqa: E402
-from ddtree.sglang.tree_worker import DDTreeWorker  # noqa: E402
+from ddtree.sglang.verdict import node_penalties  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 from tests.helpers import informed_draft, tree_node_path  # noqa: E402
 
@@ -114,7 +114,7 @@ def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0, 
     """The worker's flow with one orchestrator for the batch (SGLang 0.5.23's DFLASH-family decode preparation
     feeds the penalizers nothing): the prefill's token; each DDTREE step gets its sampling info from info_of
     (the scheduler's, or the forward copy a real server hands the worker), feeds its roots and reads the state
-    through the worker's own _ddtree_penalties, penalises its nodes from that state, walks, and feeds the accepted
+    through the verdict's own node_penalties, penalises its nodes from that state, walks, and feeds the accepted
     draft tokens (feed_committed). stale: the test bed's deliberate fault stale-penalties (the step start's counts
     at every node, the worker's SGLANG_DDTREE_FAULT=stale-penalties)."""
     gen, seqs, orch = torch.Generator().manual_seed(seed), [list(p) for p in prompts], orchestrator(settings)
@@ -130,7 +130,7 @@ def ddtree_decode(prompts, settings, length, budget=12, cap=3, depth=4, seed=0, 
         tree = build_tree(draft, torch.tensor([sq[-1] for sq in seqs]), budget=budget, topk_cap=cap, backend="torch")
         rows = torch.stack([torch.stack([target_logits(seqs[b][:-1] + tree_node_path(tree, b, j))
                                          for j in range(tree.tokens.shape[1])]) for b in range(bs)])
-        state = DDTreeWorker._ddtree_penalties(info, rows, tree.tokens[:, 0])     # feeds the roots
+        state = node_penalties(info, rows, tree.tokens[:, 0])                     # feeds the roots
         if state is not None:
             apply_node_penalties(rows, hide_paths_from_penalties(tree) if stale else tree, state)
         verdict = accept_path(tree, rows.argmax(-1))

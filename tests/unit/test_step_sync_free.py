@@ -18,7 +18,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ddtree"
 STEP_MODULES = ["sglang/tree_worker.py", "sglang/glue.py", "sglang/head.py", "sglang/seeded.py",
-                "sglang/penalty_state.py", "sglang/widths.py", "penalties.py", "verify.py", "tree.py", "types.py",
+                "sglang/penalty_state.py", "sglang/verdict.py", "sglang/widths.py", "penalties.py", "verify.py", "tree.py", "types.py",
                 "_checks.py", "backend.py", "_triton.py"]
 SYNCING = {"item", "tolist", "cpu", "numpy", "synchronize"}
 ALLOWED = {"prewarm_sampling", "_build", "__init__", "memory_report"}     # start-up only

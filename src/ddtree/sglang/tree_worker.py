@@ -22,14 +22,10 @@ SGLang's own sampler). A decode step is this module's, one method per stage:
                       window req_to_token[prefix : prefix + N]
   _ddtree_verify      that one pass (CUDA graphs captured at width N; a schedule's narrower widths have
                       their own attention backend and graphs, swapped in around the pass: widths.py)
-  _ddtree_verdict     the target's token at every node (argmax, or one sample of the processed
-                      distribution: temperature, top-k, top-p, min-p, logit bias; with a seed under
-                      deterministic inference, SGLang's seeded draw at the node's position; with
-                      penalties, each node's own path counted; under a grammar, masked by the node's
-                      own grammar state; custom logit processors seeing the node's own path), rank 0's
-                      for every rank, then the
-                      walk from the root -> Verdict; the root and the accepted draft tokens fed to
-                      SGLang's penalizers (its DFLASH-family decode preparation feeds none)
+  _ddtree_verdict     verdict.py: NONE's processing at every node (penalties with its own path, logit
+                      bias, the grammar's mask, custom logit processors), the target's token at every
+                      node (argmax, seeded or sampled), rank 0's for every rank, the walk from the root
+                      -> Verdict; the root and the accepted draft tokens fed to SGLang's penalizers
   _ddtree_commit      the window permuted so the accepted path's slots come first (page size 1:
                       no K/V moves), the draft's context extended with the target hidden states of
                       the path; tokens [bs, block] for the scheduler (stride = block size, at most
@@ -61,7 +57,6 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.model_runner import SamplingPrewarmResult
@@ -74,26 +69,22 @@ from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
 from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from ddtree.sglang.grammar import GrammarStep, constrain_step
-from ddtree.sglang.logit_processors import apply_node_processors
-from ddtree.sglang.glue import commit_step, sampling_params_from_sglang, verify_mask, window_slots
+from ddtree.sglang.glue import commit_step, verify_mask, window_slots
 from ddtree.sglang.head import DraftCandidateHead, HeadShard
-from ddtree.penalties import apply_node_penalties
-from ddtree.sglang.penalty_state import feed_committed, orchestrator_of, penalties_required, penalty_state
 from ddtree.sglang.profile import OFF, StepProfiler
-from ddtree.sglang.seeded import seeded_node_targets
 from ddtree.sglang.sync_check import SyncCheck
 from ddtree.settings import DDTreeConfigError
 from ddtree.sglang.server_env import from_env, resolved_block, schedule_from_env
 from ddtree.sglang import switches
-from ddtree.sglang.step_dump import Diagnostics, StepDump, announce, hide_paths_from_penalties, leak_siblings
+from ddtree.sglang.step_dump import Diagnostics, StepDump, announce, leak_siblings
+from ddtree.sglang.verdict import VerdictSetup, committed_logprobs, decide
 from ddtree.sglang.widths import TargetWidths
 from ddtree.tree import build_tree_from_candidates, candidate_count
 from ddtree.types import Candidates, DraftTree, SamplingParams
-from ddtree.verify import accept_path, node_targets
+from ddtree.verify import node_targets
 
 logger = logging.getLogger("ddtree.sglang.worker")   # the name it had before the move
 
@@ -129,6 +120,9 @@ class DDTreeWorker(DFlashWorkerV2):
         announce(self._ddtree_diag)
         self._ddtree_dump = (StepDump(self._ddtree_diag.dump_dir, self._ddtree_diag.dump_steps)
                              if self._ddtree_diag.dump_dir is not None else None)
+        self._ddtree_verdict_setup = VerdictSetup(                                # the parent set these up
+            logits_processor=self._target_logits_processor, can_skip_logits=self._can_skip_verify_logits,
+            tp_sync=self._tp_sync, stale_penalties=self._ddtree_diag.fault == "stale-penalties")
 
     def _ddtree_max_running(self) -> int:
         """The most requests a step can run. Read from the server's settings: SGLang 0.5.23 sets
@@ -426,90 +420,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _ddtree_verdict(self, batch, tree: DraftTree, logits_output, prefix_lens: torch.Tensor,
                         grammar_mask=None):
-        """Target tokens at every node (rank 0's on every rank), then the accepted path. Under deterministic
-        inference (SGLang's seeds set) each node draws as SGLang's seeded sampler draws NONE's token at the
-        node's position (seeded.py); otherwise from the node's processed distribution. grammar_mask: the
-        step's per-node bitmask (grammar.py), applied after penalties and logit bias."""
-        bs, n = tree.tokens.shape
-        info = batch.sampling_info
-        greedy = info is None or bool(info.is_all_greedy)
-        logits = logits_output.next_token_logits
-        lp = self._target_logits_processor
-        targets = None
-        if lp is not None and lp.is_deferred_shard(logits):
-            if greedy and self._can_skip_verify_logits(batch, info) and not penalties_required(info):
-                targets = lp.deferred_argmax(logits)                            # [bs * N] no full gather
-                logits_output.next_token_logits = None
-            else:
-                logits = lp.finish_deferred_gather(logits)
-                logits_output.next_token_logits = logits
-        penalties = None
-        if targets is None:
-            rows = logits.view(bs, n, -1)                                        # [bs, N, V]
-            penalties = self._ddtree_process(info, rows, tree, grammar_mask)
-            if greedy:
-                targets = rows.argmax(dim=-1)
-            elif info.sampling_seed is not None:
-                targets = seeded_node_targets(rows, info, tree.positions(prefix_lens))
-            else:
-                params = sampling_params_from_sglang(info, rows.shape[-1])
-                targets = node_targets(rows, params, generator=None)
-        targets = targets.view(bs, n).to(torch.int64).contiguous()
-        site = SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if greedy else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
-        self._tp_sync.sync(site, targets)
-        verdict = accept_path(tree, targets)
-        if penalties is not None:                    # the accepted draft tokens; the bonus is the next root
-            feed_committed(orchestrator_of(info), verdict.tokens, verdict.accept_len)
-        return verdict
-
-    def _ddtree_process(self, info, rows: torch.Tensor, tree: DraftTree, grammar_mask):
-        """NONE's logit processing at every node, in its sampler's order, rows [bs, N, V] in place: penalties
-        with each node's own path's counts, logit bias, the grammar's mask at the node's own state, custom logit
-        processors seeing the node's own path (logit_processors.py). Returns the penalty state (fed the accepted
-        tokens after the walk) or None. (SGLang's DFLASH verify adjustments are not used: they broadcast one
-        step-start state over the block.)"""
-        if info is None:
-            return None
-        penalties = self._ddtree_penalties(info, rows, tree.tokens[:, 0])
-        if penalties is not None:
-            stale = self._ddtree_diag.fault == "stale-penalties"                  # a deliberate fault (tests)
-            apply_node_penalties(rows, hide_paths_from_penalties(tree) if stale else tree, penalties)
-        if info.logit_bias is not None:
-            rows.add_(info.logit_bias[:, None, :].to(rows.dtype))
-        flat = rows.view(-1, rows.shape[-1])                                     # [bs * N, V]
-        if grammar_mask is not None:
-            grammar_mask.apply(flat)
-        if info.has_custom_logit_processor:
-            apply_node_processors(flat, info, tree)
-        return penalties
-
-    @staticmethod
-    def _ddtree_logprobs(batch, logits_output, done) -> None:
-        """Output logprobs (and top / token-id logprobs) of the committed tokens from the verify logits at
-        their path's nodes, after the verdict's processing, by SGLang's own compute_spec_logprobs in its
-        chain layout: row b * (L + 1) + j is request b's committed token j (done.hidden_rows names its node)."""
-        full = logits_output.next_token_logits                                    # [bs * N, V]
-        logits_output.next_token_logits = full.index_select(0, done.hidden_rows.reshape(-1))  # [bs * (L+1), V]
-        try:
-            compute_spec_logprobs(batch, logits_output, done.out_tokens.reshape(-1),
-                                  chain_stride=done.out_tokens.shape[1])
-        finally:
-            logits_output.next_token_logits = full
-
-    @staticmethod
-    def _ddtree_penalties(info, rows: torch.Tensor, roots: torch.Tensor):
-        """The batch's penalty state as of the roots, or None when no request has a penalty. SGLang 0.5.23's
-        DFLASH-family decode preparation feeds its penalizers nothing (NONE's feeds the last output token
-        before each step), so the worker feeds each root here - the prefill's token, then each step's bonus -
-        and the accepted draft tokens after the walk (feed_committed)."""
-        orchestrator = orchestrator_of(info)                # the scheduler's, kept by the plugin's hook
-        if orchestrator is None or not orchestrator.is_required:
-            return None
-        if rows.shape[-1] != orchestrator.vocab_size:
-            raise RuntimeError(f"DDTREE verify logits have {rows.shape[-1]} columns, SGLang's penalizers "
-                               f"{orchestrator.vocab_size}: per-node penalties need the same vocabulary")
-        orchestrator.cumulate_output_tokens(roots)                               # int64 [bs]
-        return penalty_state(orchestrator, rows.shape[0], rows.shape[-1], rows.device)
+        """The verdict stage (verdict.py): processing, the target's token at every node, the walk, penalty feeding."""
+        return decide(self._ddtree_verdict_setup, batch, tree, logits_output, prefix_lens, grammar_mask)
 
     def _ddtree_commit(self, batch, verdict, prefix_lens: torch.Tensor, window: StepWindow, target_out,
                        on_publish):
@@ -522,7 +434,7 @@ class DDTreeWorker(DFlashWorkerV2):
             on_publish(done.new_seq_lens)
         logits_output = target_out.logits_output
         if batch.return_logprob:
-            self._ddtree_logprobs(batch, logits_output, done)
+            committed_logprobs(batch, logits_output, done)
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify returned no target hidden states for the draft's context")
