@@ -102,6 +102,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         self._ddtree = from_env()
+        self._ddtree_eager_seen: set[tuple[str, int]] = set()   # (stage, batch size) said to have run eagerly
         block = resolved_block(self._ddtree)
         super().__init__(server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port,
                          target_worker=target_worker)
@@ -413,9 +414,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _ddtree_note_eager(self, stage: str, bs: int) -> None:
         """Graphs are on but this pass ran eagerly: said once per stage and batch size."""
-        seen = self.__dict__.setdefault("_ddtree_eager_seen", set())
-        if (stage, bs) not in seen:
-            seen.add((stage, bs))
+        if (stage, bs) not in self._ddtree_eager_seen:
+            self._ddtree_eager_seen.add((stage, bs))
             logger.warning("DDTREE %s ran eagerly for batch size %d (no captured CUDA graph fits it)", stage, bs)
 
     def _ddtree_verdict(self, batch, tree: DraftTree, logits_output, prefix_lens: torch.Tensor,
