@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from .conftest import SERVICE_STARTS, current_release, deploy, guest, not_waited_for
 
 API_KEY = "sandbox-demo-key"
@@ -95,21 +97,63 @@ def test_invalid_budget_fails_in_preflight_and_changes_nothing(host, tmp_path):
     assert service_state(host) == before
 
 
-def test_a_config_that_cannot_start_is_rolled_back(host, tmp_path):
-    # a directory that passes preflight (config.json present) but fails at load (broken weights)
-    guest("rm -rf /srv/models/broken && mkdir -p /srv/models/broken && "
-          "cp -r /srv/models/tiny-seed0/target /srv/models/broken/ && "
-          "echo garbage > /srv/models/broken/target/model.safetensors && chmod -R a+rX /srv/models/broken")
-    play = deploy("-e", "k26_model_path=/srv/models/broken/target", "-e", "k26_health_timeout=25", tmp=tmp_path)
+BROKEN = "/srv/models/broken"
+
+
+def make_broken_model() -> None:
+    """A model folder that passes preflight (config.json present) but fails at load (broken weights)."""
+    guest(f"rm -rf {BROKEN} && mkdir -p {BROKEN} && cp -r /srv/models/tiny-seed0/target {BROKEN}/ && "
+          f"echo garbage > {BROKEN}/target/model.safetensors && chmod -R a+rX {BROKEN}")
+
+
+def waited_seconds(text: str) -> float:
+    """The health wait's own time to its verdict, from the play's failure message."""
+    found = re.search(r"k26-ddtree did not become healthy after ([0-9.]+) s: ([^\]\"']+)", text)
+    assert found, text[-3000:]
+    print(f"health wait ended after {found.group(1)} s: {found.group(2)}")      # shown with -s and on failure
+    return float(found.group(1))
+
+
+def test_a_config_that_cannot_start_is_reported_at_once_and_rolled_back(host, tmp_path):
+    """Issue 47 item 3: with the full hour of k26_health_timeout, a server that cannot start is reported as soon as
+    systemd restarts it (well under 2 minutes), the message names the cause and carries the journal; then the
+    rollback restores the previous unit and it is healthy again."""
+    make_broken_model()
+    play = deploy("-e", f"k26_model_path={BROKEN}/target", "-e", "k26_health_timeout=3600", tmp=tmp_path)
     text = re.sub(r"\s+", " ", play.out)
     assert play.rc != 0
+    assert waited_seconds(text) < 120
+    assert "the server process exited" in text or "the unit failed" in text, text[-3000:]
+    assert "safetensors" in text.lower() or "Error" in text, text[-3000:]          # the journal says why
     assert "rolled back the unit and the env files" in text and "restarted k26-ddtree" in text, text[-3000:]
     assert "healthy again" in text, text[-3000:]
     unit = host.file("/etc/systemd/system/k26-ddtree.service").content_string
     assert "/srv/models/tiny-seed0/target" in unit and "broken" not in unit
     assert host.service("k26-ddtree").is_running
     assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health") == "200"
-    guest("rm -rf /srv/models/broken")
+    guest(f"rm -rf {BROKEN}")
+
+
+@pytest.mark.extended
+def test_a_first_deploy_that_cannot_start_leaves_the_unit_stopped_and_disabled(host, tmp_path):
+    """Issue 47 item 3: with no earlier state to roll back to (the rollback folder moved aside for the test), a
+    deploy whose server cannot start fails fast, and k26-ddtree is left stopped and disabled - no restart loop, no
+    start at boot. A good deploy afterwards brings it back."""
+    make_broken_model()
+    guest("mv /var/lib/k26-rollback /var/lib/k26-rollback.test-aside")
+    try:
+        play = deploy("-e", f"k26_model_path={BROKEN}/target", "-e", "k26_health_timeout=3600", tmp=tmp_path)
+        text = re.sub(r"\s+", " ", play.out)
+        assert play.rc != 0 and waited_seconds(text) < 120
+        assert "left stopped and disabled" in text, text[-3000:]
+        assert guest("systemctl is-active k26-ddtree", check=False).stdout.strip() in ("inactive", "failed")
+        assert guest("systemctl is-enabled k26-ddtree", check=False).stdout.strip() == "disabled"
+    finally:
+        guest("rm -rf /var/lib/k26-rollback && mv /var/lib/k26-rollback.test-aside /var/lib/k26-rollback")
+        guest(f"rm -rf {BROKEN}")
+    again = deploy(tmp=tmp_path)
+    assert again.rc == 0, again.out[-3000:]
+    assert host.service("k26-ddtree").is_running and host.service("k26-ddtree").is_enabled
 
 
 def test_a_second_deploy_fails_fast_while_the_lock_is_held(host, tmp_path):
