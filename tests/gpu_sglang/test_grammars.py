@@ -21,8 +21,8 @@ import statistics
 
 import pytest
 
-from tests.gpu_sglang.referee import TopLogprobs, best_gap, gap_to, is_near_tie
 from tests.gpu_sglang.test_ddtree_server import mean_accept, outputs, ready
+from tests.gpu_sglang.test_requests import judge_processed
 from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
@@ -85,26 +85,8 @@ def in_language(backend, kind: str, tokens: list[int]) -> bool:
     return g.is_terminated() or (kind in OPEN_ENDED and len(tokens) == MAX_NEW)
 
 
-def top_at(plain: harness.Server, prompt: list[int], kind: str | None, at: int) -> TopLogprobs:
-    """NONE's five best tokens and their log-probs at output position `at`, under the grammar when there is one (SGLang's logprobs
-    come after the grammar's mask)."""
-    r = plain.generate(prompt, {**params(kind), "max_new_tokens": at + 1}, return_logprob=True, top_logprobs_num=5)
-    return harness.top_dict(r["meta_info"]["output_top_logprobs"][at])
-
-
 def params(kind: str | None) -> dict:
     return constrained(kind) if kind else {"temperature": 0.0, "max_new_tokens": MAX_NEW}
-
-
-def against_none(plain: harness.Server, prompt: list[int], kind: str | None, want: list[int], got: list[int]):
-    """(the answers are identical, the near-tie gap where they part or None, the real difference or None)."""
-    if want == got:
-        return True, None, None
-    at = harness.first_divergence(want, got)
-    top = top_at(plain, prompt, kind, at)
-    if at < len(got) and is_near_tie(top, got[at]):
-        return False, round(gap_to(top, got[at]), 5), None
-    return False, None, f"position {at}: the token taken lies {gap_to(top, got[at]) if at < len(got) else best_gap(top):.4f} below NONE's best"
 
 
 def grammar_prompts(prompts: list[list[int]]) -> list[list[int]]:
@@ -123,11 +105,10 @@ def test_constrained_answers_are_sentences_and_nones(fleet, kind, prompts, match
         got = outputs(tree.complete_all(group, constrained(kind), concurrency))
         wrong += [(mode, i, "not a sentence of the grammar") for i, g in enumerate(got)
                   if not in_language(matcher_backend, kind, g)]
-        for i, (w, g) in enumerate(zip(want, got)):
-            identical, gap, difference = against_none(plain, group[i], kind, w, g)
-            same += identical
-            parted += [gap] if gap is not None else []
-            wrong += [(mode, i, difference)] if difference else []
+        judged = judge_processed(plain, group, constrained(kind), want, got)     # NONE's logprobs come after the mask
+        same += judged.identical
+        parted += judged.ties
+        wrong += [(mode, *difference) for difference in judged.wrong]
     record_property("requests", 2 * len(group))
     record_property("sentences of the grammar", f"{2 * len(group) - len([w for w in wrong if 'sentence' in w[2]])}"
                                                 f"/{2 * len(group)}")
@@ -150,10 +131,11 @@ def test_a_batch_mixing_grammars_and_free_requests(fleet, prompts, matcher_backe
 
     want, got = run(plain, 1), run(tree, 8)
     assert all(in_language(matcher_backend, k, out) for (_, k), out in zip(asks, got) if k)
-    checks = [against_none(plain, p, k, w, g) for (p, k), w, g in zip(asks, want, got)]
-    record_property("identical to NONE", f"{sum(c[0] for c in checks)}/{len(asks)}")
-    record_property("parted at a near tie", [c[1] for c in checks if c[1] is not None])
-    assert not [c[2] for c in checks if c[2]], [c[2] for c in checks if c[2]][:5]
+    checks = [judge_processed(plain, [p], params(k), [w], [g]) for (p, k), w, g in zip(asks, want, got)]
+    record_property("identical to NONE", f"{sum(c.identical for c in checks)}/{len(asks)}")
+    record_property("parted at a near tie", [gap for c in checks for gap in c.ties])
+    wrong = [difference for c in checks for difference in c.wrong]
+    assert not wrong, wrong[:5]
 
 
 def test_accept_length_with_a_grammar_beside_without(fleet, prompts, record_property):

@@ -55,6 +55,11 @@ class NodeLogits:
     argmax: torch.Tensor | None
 
 
+def is_greedy(info) -> bool:
+    """Every request of the batch at temperature 0 (no sampling info: a plain greedy batch)."""
+    return info is None or bool(info.is_all_greedy)
+
+
 def node_logits(setup: VerdictSetup, batch, info, logits_output, bs: int, n: int) -> NodeLogits:
     """logits_output.next_token_logits [bs * N, V(shard)] -> the node rows, finishing a deferred TP gather (and
     leaving the gathered logits on logits_output for the logprobs), or only the argmax when that is all the
@@ -62,8 +67,7 @@ def node_logits(setup: VerdictSetup, batch, info, logits_output, bs: int, n: int
     logits = logits_output.next_token_logits
     lp = setup.logits_processor
     if lp is not None and lp.is_deferred_shard(logits):
-        greedy = info is None or bool(info.is_all_greedy)
-        if greedy and setup.can_skip_logits(batch, info) and not penalties_required(info):
+        if is_greedy(info) and setup.can_skip_logits(batch, info) and not penalties_required(info):
             logits_output.next_token_logits = None
             return NodeLogits(rows=None, argmax=lp.deferred_argmax(logits))      # [bs * N] no full gather
         logits = lp.finish_deferred_gather(logits)
@@ -108,7 +112,7 @@ def process_nodes(info, rows: torch.Tensor, tree: DraftTree, grammar_mask=None,
 
 def choose_tokens(info, rows: torch.Tensor, tree: DraftTree, prefix_lens: torch.Tensor) -> torch.Tensor:
     """The target's token at every node of the processed rows [bs, N, V] -> [bs, N]."""
-    if info is None or bool(info.is_all_greedy):
+    if is_greedy(info):
         return rows.argmax(dim=-1)
     if info.sampling_seed is not None:
         return seeded_node_targets(rows, info, tree.positions(prefix_lens))
@@ -129,8 +133,8 @@ def decide(setup: VerdictSetup, batch, tree: DraftTree, logits_output, prefix_le
         penalties = process_nodes(info, out.rows, tree, grammar_mask, setup.stale_penalties)
         targets = choose_tokens(info, out.rows, tree, prefix_lens)
     targets = targets.view(bs, n).to(torch.int64).contiguous()
-    greedy = info is None or bool(info.is_all_greedy)
-    setup.tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if greedy else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, targets)
+    site = SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if is_greedy(info) else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
+    setup.tp_sync.sync(site, targets)
     verdict = accept_path(tree, targets)
     if penalties is not None:                    # the accepted draft tokens; the bonus is the next root
         feed_committed(orchestrator_of(info), verdict.tokens, verdict.accept_len)
