@@ -35,7 +35,15 @@ PENALISED = LOGPROBS = DETERMINISTIC[2]
 # the servers this module's tests ask for
 # the deliberate fault: DDTREE with every node penalised by the step start's counts (SGLANG_DDTREE_FAULT=stale-penalties)
 STALE_PENALTIES = "ddtree-b32-c8-graphs-det-pen-tok-stalepen"
-REQUEST_SERVERS = (*DETERMINISTIC, "ddtree-b32-c8-graphs", STALE_PENALTIES)
+# NONE under SGLang's overlap scheduler (its default): the reference for penalties combined with repetition. SGLang
+# 0.5.23's non-overlap, non-speculative path applies the penalizers one by one in the iteration order of a Python set of
+# classes (SamplingBatchInfo -> BatchedPenalizerOrchestrator.apply without repeat), which a process's class addresses
+# decide; its overlap path (copy_for_forward -> update_penalties) and its speculative verify add the additive ones first,
+# then scale - DDTREE's fixed order. The two orders part by |additive| x (1 - 1/repetition): 0.57 nats for a token seen
+# 20 times at frequency 0.3 and repetition 1.1 (the H200 run of 2026-12-04: "all" failed against the non-overlap NONE
+# only, at the output's most frequent token, 30-120 tokens in)
+ORDERED = "none-det-clp-overlap-tok"
+REQUEST_SERVERS = (*DETERMINISTIC, ORDERED, "ddtree-b32-c8-graphs", STALE_PENALTIES)
 
 
 # --- SGLang's deterministic inference -------------------------------------------------------------------
@@ -165,12 +173,19 @@ def test_penalties_per_node_give_nones_tokens(fleet, prompts, penalty, record_pr
     """Under deterministic inference, a penalised greedy request on DDTREE gives NONE's penalised tokens, one at a
     time and 8 at once, parted only at a near tie of NONE's own penalised top-2 (judge_processed); the penalty
     changed NONE's answer. Beside it, recorded: SGLang's own DFLASH on the same requests (its verify applies the
-    step start's penalty over the block). ("all" combines frequency, presence and repetition: NONE's non-overlap
-    path applies them in a set's order, DDTREE additive first as SGLang's overlap path does - the two orders part
-    by at most 0.3 x (1 - 1/1.1) = 0.027 nats, inside the near tie.)"""
+    step start's penalty over the block). "all" combines frequency, presence and repetition, whose order matters
+    (see ORDERED): its reference is NONE under the overlap scheduler, and the non-overlap NONE judged by it is
+    recorded beside (SGLang parting from itself)."""
     plain, tree, dflash = ready(fleet, DETERMINISTIC[0]), ready(fleet, PENALISED), ready(fleet, DETERMINISTIC[1])
     sampling = {**harness.greedy(), **PENALTIES[penalty]}
-    want = outputs(plain.complete_all(prompts, sampling, 1))
+    if penalty == "all":
+        unordered, plain = plain, ready(fleet, ORDERED)
+        want = outputs(plain.complete_all(prompts, sampling, 1))
+        record_judged(record_property, "SGLang's NONE without the overlap scheduler (recorded)",
+                      judge_processed(plain, prompts, sampling, want,
+                                      outputs(unordered.complete_all(prompts, sampling, 1))), len(prompts))
+    else:
+        want = outputs(plain.complete_all(prompts, sampling, 1))
     base = outputs(plain.complete_all(prompts, {**harness.greedy(), **PENALTY_BASE.get(penalty, {})}, 1))
     changed = sum(a != b for a, b in zip(want, base))
     record_property("prompts whose NONE answer the penalty changed", f"{changed}/{len(prompts)}")

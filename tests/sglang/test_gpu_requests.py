@@ -27,7 +27,7 @@ def check(name: str, sampling: dict) -> None:
 
 
 @pytest.mark.parametrize("penalty", list(requests_test.PENALTIES))
-@pytest.mark.parametrize("server", requests_test.DETERMINISTIC)
+@pytest.mark.parametrize("server", (*requests_test.DETERMINISTIC, requests_test.ORDERED))
 def test_every_penalty_request_is_accepted_by_the_servers_it_is_sent_to(server, penalty):
     check(server, {**harness.greedy(), **requests_test.PENALTIES[penalty]})
 
