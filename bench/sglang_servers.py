@@ -89,7 +89,7 @@ GRAMMAR_ARGS = ("--constrained-json-max-whitespace-cnt", "2", "--tool-call-parse
 # name suffixes, in this order after the base name: the block-16 draft, the Kimi wrapper's target (its
 # text-only processor stand-in is remote code), the INT4-expert target, SGLang's Triton MoE runner instead
 # of its default (Marlin for INT4 on Hopper and sm_120), FlashInfer attention, the radix cache, SGLang's
-# deterministic (batch-invariant) kernels, penalties, logprobs, custom logit processors, constrained decoding,
+# deterministic (batch-invariant) kernels, custom logit processors, constrained decoding,
 # the overlap scheduler, the sync check, 48 running requests, TP 2, the step profiler
 SUFFIXES = {
     "-k16": lambda c: replace(c, draft="draft16"),
@@ -99,8 +99,6 @@ SUFFIXES = {
     "-flashinfer": lambda c: replace(c, attention="flashinfer"),
     "-radix": lambda c: replace(c, radix=True, env=c.env + RADIX_ENV),
     "-det": lambda c: replace(c, extra=c.extra + ("--enable-deterministic-inference",)),
-    "-pen": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PENALTIES", "1"),)),
-    "-lp": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_LOGPROBS", "1"),)),
     "-clp": lambda c: replace(c, extra=c.extra + ("--enable-custom-logit-processor",)),
     "-grammar": lambda c: replace(c, tokenizer=True, extra=c.extra + GRAMMAR_ARGS),
     "-overlap": lambda c: replace(c, overlap=True, env=c.env + (("SGLANG_DDTREE_OVERLAP", "1"),)),
@@ -119,8 +117,7 @@ def config(name: str) -> ServerConfig:
     """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>, then any of
     -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
     -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache), -det
-    (--enable-deterministic-inference), -pen (DDTREE's per-node penalties served: SGLANG_DDTREE_PENALTIES=1), -lp (its output logprobs served),
-    -clp (custom logit processors enabled), -overlap (SGLang's overlap scheduler on,
+    (--enable-deterministic-inference), -clp (custom logit processors enabled), -overlap (SGLang's overlap scheduler on,
     allowed for DDTREE by SGLANG_DDTREE_OVERLAP=1), -synccheck (DDTREE's steps under torch's sync debug mode, warn),
     -bs48 (48 running requests, decode graphs up to 48, a KV pool of 65,536 tokens), -grammar (the server tokenizes, JSON white space bounded, Kimi K2's tool-call parser),
     -tp2 (tensor parallel on 2 GPUs), -dump (DDTREE writes every step's tree, verify logits and prefix KV to

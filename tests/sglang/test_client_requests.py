@@ -195,15 +195,14 @@ OLD_REQUESTS = [   # (path, body, the field the refusal names)
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
                               "temperature": 0.7, "seed": 0}, "sampling_seed"),
     ("/generate", {"text": "def f(x):", "sampling_params": {"max_new_tokens": 8, "temperature": 0.0},
-                   "return_logprob": True, "top_logprobs_num": 2}, "return_logprob"),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4, "frequency_penalty": 0.5},
-     "frequency_penalty"),
+                   "return_hidden_states": True}, "return_hidden_states"),
 ]
 
 
 def test_the_check_has_teeth_the_old_clients_requests_are_refused(pair, config_file):
-    """What the clients sent before (a seed at temperature 0.7 from the smoke, top-2 log-probs from
-    validate on every configuration) and a penalty, through the same pipeline: refused, naming the field."""
+    """What the clients sent before (a seed at temperature 0.7 from the smoke) and a request for hidden states,
+    through the same pipeline: refused, naming the field. (Top log-probs and penalties, which validate and a
+    client sent before, are served on DDTREE since their GPU runs.)"""
     results = verdicts(production_args(pair, config_file), [{"path": p, "body": b} for p, b, _ in OLD_REQUESTS])
     for (path, _, field), result in zip(OLD_REQUESTS, results):
         assert result["refusal"] and field in result["refusal"], (path, result)

@@ -391,22 +391,25 @@ def test_the_request_hook_is_applied_and_refuses_with_the_field(tmp_path):
               "from types import SimpleNamespace as NS\n"
               "from sglang.srt.managers.io_struct import GenerateReqInput\n"
               "from sglang.srt.managers.tokenizer_manager import TokenizerManager as TM\n"
-              "ddtree = NS(server_args=NS(speculative_algorithm='DDTREE'))\n"
-              "for obj in (GenerateReqInput(input_ids=[1, 2], return_logprob=True),\n"
+              "ddtree = NS(server_args=NS(speculative_algorithm='DDTREE', disable_overlap_schedule=False))\n"
+              "for obj in (GenerateReqInput(input_ids=[1, 2], sampling_params={'temperature': 0.7, 'sampling_seed': 3}),\n"
               "            GenerateReqInput(input_ids=[1, 2], sampling_params={'frequency_penalty': 0.5}),\n"
-              "            GenerateReqInput(input_ids=[1, 2], return_hidden_states=True)):\n"
+              "            GenerateReqInput(input_ids=[1, 2], return_hidden_states=True),\n"
+              "            GenerateReqInput(input_ids=[1, 2], return_logprob=True, top_logprobs_num=2)):\n"
               "    try:\n"
               "        TM._validate_one_request(ddtree, obj, [1, 2])\n"
-              "    except ValueError as e:\n"
-              "        print(str(e).split(' ')[0])\n"
+              "    except Exception as e:\n"    # the plugin's refusal, or SGLang's own validation on the stand-in
+              "        print(str(e).split(' ')[0] if 'DDTREE' in str(e) else 'reached SGLang')\n"
               "other = NS(server_args=NS(speculative_algorithm='DFLASH'))\n"
               "try:\n"
               "    TM._validate_one_request(other, GenerateReqInput(input_ids=[1, 2], return_logprob=True), [1, 2])\n"
               "except Exception as e:\n"    # SGLang's own validation runs (and fails on the stand-in manager)
               "    print('refused by the plugin' if 'DDTREE' in str(e) else 'reached SGLang')\n")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split("\n")[:4] == ["return_logprob=True", "sampling_params.frequency_penalty=0.5",
-                                        "return_hidden_states=True", "reached SGLang"]
+    # a seed without deterministic inference, a penalty under the overlap scheduler, hidden states: refused, naming the
+    # field; logprobs: passed on to SGLang's own validation, as the same request to DFLASH is
+    assert r.stdout.split("\n")[:5] == ["sampling_params.sampling_seed=3", "sampling_params.frequency_penalty=0.5",
+                                        "return_hidden_states=True", "reached SGLang", "reached SGLang"]
 
 
 def test_the_commit_plan_of_a_chain_matches_dflash_accept_in_sglang():

@@ -70,13 +70,31 @@ def orchestrator(settings: list[dict]):
     return orch
 
 
-def none_decode(prompts, settings, length):
+def scaling_first(orch) -> None:
+    """Reorder the orchestrator's penalizers so that repetition runs first: an order SGLang 0.5.23's non-overlap NONE
+    takes in a process whose classes' addresses put it first in the set (its dict follows the set's order)."""
+    orch.penalizers = dict(sorted(orch.penalizers.items(), key=lambda item: not item[1].is_multiplicative))
+
+
+def scaling_last(orch) -> None:
+    """... and so that repetition runs last (the additive-first order, by another road)."""
+    orch.penalizers = dict(sorted(orch.penalizers.items(), key=lambda item: item[1].is_multiplicative))
+
+
+def none_decode(prompts, settings, length, one_by_one=None):
     """Greedy NONE as SGLang runs it: each token chosen after the penalties of the output so far, each
-    output token fed to the penalizers before the next step."""
+    output token fed to the penalizers before the next step. one_by_one: None - SGLang's speculative and overlap
+    order (additive, then scaling: see ORDER); else a function that reorders the penalizers, applied one by one in
+    the orchestrator's order as the non-overlap NONE path applies them."""
     orch, seqs = orchestrator(settings), [list(p) for p in prompts]
+    if one_by_one is not None:
+        one_by_one(orch)
     for _ in range(length):
         logits = torch.stack([target_logits(s) for s in seqs])
-        orch.apply(logits, repeat=1)                    # additive, then scaling: see ORDER
+        if one_by_one is None:
+            orch.apply(logits, repeat=1)                # additive, then scaling: see ORDER
+        else:
+            orch.apply(logits)
         chosen = logits.argmax(-1)
         orch.cumulate_output_tokens(chosen)
         for s, t in zip(seqs, chosen.tolist()):
@@ -222,3 +240,16 @@ def test_sglangs_dflash_decode_preparation_feeds_no_penalizer():
 
     assert "cumulate" not in inspect.getsource(DFlashDraftInputV2.prepare_for_decode)
     assert "cumulate_penalty_output_tokens" in inspect.getsource(ScheduleBatch.prepare_for_decode)
+
+
+def test_repetition_with_an_additive_penalty_depends_on_the_order_and_ddtree_takes_sglangs_speculative_one():
+    """Why the GPU test cannot decide repetition combined with frequency or presence (test_requests.ORDER_DEPENDENT):
+    SGLang's non-overlap NONE with repetition first gives other tokens than with it last, on the same requests;
+    DDTREE gives the tokens of the additive-first order, which the non-overlap path also takes when its set happens
+    to put repetition last (one by one in that order = the speculative order's tokens)."""
+    settings = [{"frequency": 0.6, "presence": 0.6, "repetition": 2.5}] * 4
+    additive_first = none_decode(PROMPTS, settings, 24)
+    assert none_decode(PROMPTS, settings, 24, one_by_one=scaling_last) == additive_first
+    assert none_decode(PROMPTS, settings, 24, one_by_one=scaling_first) != additive_first
+    got, _ = ddtree_decode(PROMPTS, settings, 24)
+    assert got == additive_first

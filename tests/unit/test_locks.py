@@ -15,7 +15,7 @@ lock = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("k26_lock", lock)          # dataclasses look their module up while defining
 _spec.loader.exec_module(lock)
 
-LOCKS = [("sglang", "3.12"), ("sandbox", "3.11"), ("gateway", "3.11")]
+LOCKS = [("sglang", "3.11"), ("sandbox", "3.11"), ("gateway", "3.11")]
 
 
 @pytest.mark.parametrize("name,python", LOCKS)

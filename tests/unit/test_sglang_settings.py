@@ -150,12 +150,8 @@ def test_the_drafts_block_comes_from_its_config(tmp_path):
 # --- per request ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("params,request_fields,field", [
-    (None, {"return_logprob": True}, "return_logprob=True"),
-    (None, {"top_logprobs_num": 5}, "top_logprobs_num=5"),
     (None, {"return_hidden_states": True}, "return_hidden_states=True"),
-    ({"frequency_penalty": 0.3}, {}, "sampling_params.frequency_penalty=0.3"),
-    ({"repetition_penalty": 1.1}, {}, "sampling_params.repetition_penalty=1.1"),
-    ({"min_new_tokens": 4}, {}, "sampling_params.min_new_tokens=4"),
+    (None, {"return_sampling_mask": True}, "return_sampling_mask=True"),
     ({"sampling_seed": 7, "temperature": 0.7}, {}, "sampling_params.sampling_seed=7"),
 ])
 def test_unsupported_requests_name_the_field_and_the_fix(params, request_fields, field):
@@ -176,22 +172,19 @@ def test_a_seed_is_served_under_deterministic_inference_and_refused_without_it()
     message = request_refusal(seeded, NS())
     assert "sampling_params.sampling_seed=7" in message and "--enable-deterministic-inference" in message
     assert request_refusal(seeded, NS(), ServedFeatures(deterministic=True)) is None
-    assert "frequency_penalty" in request_refusal({**seeded, "frequency_penalty": 0.5}, NS(), ServedFeatures(deterministic=True))
+    assert "frequency_penalty" in request_refusal({**seeded, "frequency_penalty": 0.5}, NS(),
+                                                  ServedFeatures(deterministic=True, overlap=True))
 
 
-def test_penalties_are_served_only_when_the_server_says_so():
-    for params in ({"frequency_penalty": 0.5}, {"presence_penalty": 0.5}, {"repetition_penalty": 1.2},
-                   {"min_new_tokens": 8}):
-        assert request_refusal(params, NS()) is not None
-        assert request_refusal(params, NS(), ServedFeatures(penalties=True)) is None
-    assert "return_logprob" in request_refusal({"json_schema": "{}"}, NS(return_logprob=True), ServedFeatures(penalties=True))
-
-
-def test_logprobs_are_served_only_when_the_server_says_so():
+def test_penalties_and_logprobs_are_served_without_a_switch():
+    """Shown equal to NONE on the H200 test bed (penalties and min_new_tokens alone and the order-free combinations,
+    output logprobs within SGLang's own DFLASH's spread; 2026-12-04): no switch, no refusal on a DDTREE server without
+    the overlap scheduler."""
     asks = NS(return_logprob=True, top_logprobs_num=5, token_ids_logprob=[[1, 2]])
-    assert request_refusal(None, asks).startswith("return_logprob=True")
-    assert request_refusal(None, asks, ServedFeatures(logprobs=True)) is None
-    assert request_refusal({"frequency_penalty": 0.5}, asks, ServedFeatures(logprobs=True)) is not None
+    for params in ({"frequency_penalty": 0.5}, {"presence_penalty": 0.5}, {"repetition_penalty": 1.2},
+                   {"min_new_tokens": 8}, None):
+        assert request_refusal(params, asks, ServedFeatures()) is None
+    assert not {"SGLANG_DDTREE_PENALTIES", "SGLANG_DDTREE_LOGPROBS"} & {s.name for s in switches.SWITCHES}
 
 
 def test_the_overlap_scheduler_is_allowed_only_by_its_switch(monkeypatch):
@@ -202,19 +195,22 @@ def test_the_overlap_scheduler_is_allowed_only_by_its_switch(monkeypatch):
     assert list(refusals(GOOD, server(disable_overlap_schedule=False))) == []
 
 
-def test_penalties_stay_refused_under_the_overlap_scheduler():
-    assert request_refusal({"frequency_penalty": 0.5}, NS(), ServedFeatures(penalties=True)) is None
-    message = request_refusal({"frequency_penalty": 0.5}, NS(), ServedFeatures(penalties=True, overlap=True))
-    assert message.startswith("sampling_params.frequency_penalty=0.5") and "under the overlap scheduler" in message
+@pytest.mark.parametrize("field,value", [("frequency_penalty", 0.5), ("presence_penalty", 0.3),
+                                         ("repetition_penalty", 1.1), ("min_new_tokens", 4)])
+def test_penalties_stay_refused_under_the_overlap_scheduler(field, value):
+    assert request_refusal({field: value}, NS(), ServedFeatures()) is None
+    message = request_refusal({field: value}, NS(), ServedFeatures(overlap=True))
+    assert message.startswith(f"sampling_params.{field}={value}") and "under the overlap scheduler" in message
+    assert "--disable-overlap-schedule" in message
+    neutral = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
+    assert request_refusal({field: neutral[field]}, NS(), ServedFeatures(overlap=True)) is None
 
 
-def test_served_features_are_read_from_the_server_args_and_its_environment():
+def test_served_features_are_read_from_the_server_args():
     args = NS(enable_deterministic_inference=True, disable_overlap_schedule=False)
-    served = ServedFeatures.from_server(args, switches.read({"SGLANG_DDTREE_PENALTIES": "1", "SGLANG_DDTREE_LOGPROBS": "0"}))
-    assert served == ServedFeatures(deterministic=True, penalties=True, overlap=True)
-    assert ServedFeatures.from_server(NS(), switches.read({})) == ServedFeatures()      # SGLang's defaults: overlap off here
-    everything = {name: "1" for name in ("SGLANG_DDTREE_PENALTIES", "SGLANG_DDTREE_LOGPROBS")}
-    served = ServedFeatures.from_server(NS(disable_overlap_schedule=True), switches.read(everything))
+    assert ServedFeatures.from_server(args) == ServedFeatures(deterministic=True, overlap=True)
+    assert ServedFeatures.from_server(NS()) == ServedFeatures()      # SGLang's defaults: overlap off here
+    served = ServedFeatures.from_server(NS(disable_overlap_schedule=True))
     asks = NS(return_logprob=True, top_logprobs_num=3, custom_logit_processor="p")
     assert request_refusal({"json_schema": "{}", "min_new_tokens": 4}, asks, served) is None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ddtree.sglang import graph_check, keys, penalty_state, switches
+from ddtree.sglang import graph_check, keys, penalty_state
 from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
 from ddtree.sglang.refusals import validate
@@ -98,10 +98,10 @@ _SERVED: dict[int, ServedFeatures] = {}     # id(server_args) -> what that serve
 
 
 def _served(server_args) -> ServedFeatures:
-    """What this server serves (its flags and switches), read once per server."""
+    """What this server serves (its flags), read once per server."""
     key = id(server_args)
     if key not in _SERVED:
-        _SERVED[key] = ServedFeatures.from_server(server_args, switches.read())
+        _SERVED[key] = ServedFeatures.from_server(server_args)
     return _SERVED[key]
 
 

@@ -10,16 +10,15 @@ stop conditions (applied to the emitted tokens) are supported. A per-request sam
 temperature > 0 is served under SGLang's deterministic inference (each tree node drawn as SGLang's
 seeded sampler draws, ddtree.sglang.seeded) and refused without it (SGLang itself uses seeds only
 there; DDTREE would sample from the server's generator). Grammars and custom logit processors are served on every
-DDTREE server (their switches were removed once the H200 test bed showed them equal to NONE on pairs where that is
-decidable, 2026-12-03: docs/benchmarks.md).
+DDTREE server, and so are penalties, min_new_tokens and output logprobs (their switches were removed once the H200 test
+bed showed each equal to NONE on pairs where that is decidable: grammars and processors 2026-12-03, penalties and
+logprobs 2026-12-04; docs/benchmarks.md). Penalties stay refused under the overlap scheduler.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from ddtree.sglang.switches import Switches
 
 FIX = "send the request without it, or to a server with --speculative-algorithm DFLASH or NONE"
 
@@ -32,36 +31,24 @@ NEUTRAL_SAMPLING = {
 }
 
 
-# switches for request features the worker implements but the GPU test bed has not yet shown equal to NONE;
-# each is refused per request unless its variable is 1 in the server's environment
-# (SGLANG_DDTREE_PENALTIES, _LOGPROBS: ddtree.sglang.switches)
-
-
 @dataclass(frozen=True)
 class ServedFeatures:
     """What one DDTREE server serves beyond plain sampling, fixed at its start.
 
     deterministic: --enable-deterministic-inference (seeds at temperature > 0 are honoured);
-    penalties / logprobs: the switches above; overlap: the server runs the
-    overlap scheduler, under which penalties stay refused whatever their switch (the worker feeds
-    SGLang's penalizers itself, untested with the overlap scheduler's own feeding).
+    overlap: the server runs the overlap scheduler, under which penalties and min_new_tokens stay refused (the worker
+    feeds SGLang's penalizers itself; SGLang's overlap path feeds them a step late from the scheduler, untested with
+    the worker's feeding).
     """
 
     deterministic: bool = False
-    penalties: bool = False
-    logprobs: bool = False
     overlap: bool = False
 
     @classmethod
-    def from_server(cls, server_args: object, read: Switches) -> ServedFeatures:
-        """From SGLang's ServerArgs (getattr) and the server's switches (ddtree.sglang.switches.read)."""
+    def from_server(cls, server_args: object) -> ServedFeatures:
+        """From SGLang's ServerArgs (getattr)."""
         return cls(deterministic=bool(getattr(server_args, "enable_deterministic_inference", False)),
-                   penalties=read.penalties, logprobs=read.logprobs,
                    overlap=not bool(getattr(server_args, "disable_overlap_schedule", True)))
-
-    @property
-    def served_penalties(self) -> bool:
-        return self.penalties and not self.overlap
 
 
 PLAIN = ServedFeatures()
@@ -75,19 +62,8 @@ def request_refusal(sampling_params: Mapping | None, request: object, served: Se
     served: what this server serves (ServedFeatures.from_server).
     """
     params = sampling_params or {}
-    return (_logprob_refusal(request, served) or _request_field_refusal(request, served)
-            or _seed_refusal(params, served) or _penalty_refusal(params, served))
-
-
-def _logprob_refusal(request: object, served: ServedFeatures) -> str | None:
-    if served.logprobs:
-        return None
-    if getattr(request, "return_logprob", False):
-        return f"return_logprob=True is not supported by this DDTREE server (per-node logprobs of the tree); {FIX}"
-    for field in ("top_logprobs_num", "token_ids_logprob"):
-        if getattr(request, field, None):
-            return f"{field}={getattr(request, field)!r} is not supported by this DDTREE server; {FIX}"
-    return None
+    return (_request_field_refusal(request, served) or _seed_refusal(params, served)
+            or _penalty_refusal(params, served))
 
 
 def _request_field_refusal(request: object, served: ServedFeatures) -> str | None:
@@ -108,10 +84,12 @@ def _seed_refusal(params: Mapping, served: ServedFeatures) -> str | None:
 
 
 def _penalty_refusal(params: Mapping, served: ServedFeatures) -> str | None:
-    for field, neutral in ({} if served.served_penalties else NEUTRAL_SAMPLING).items():
+    if not served.overlap:
+        return None
+    for field, neutral in NEUTRAL_SAMPLING.items():
         value = params.get(field)
         if value is not None and float(value) != float(neutral):
-            why = " under the overlap scheduler" if served.penalties and served.overlap else ""
-            return (f"sampling_params.{field}={value!r} is not supported by this DDTREE server{why} (only {neutral} "
-                    f"is); {FIX}")
+            return (f"sampling_params.{field}={value!r} is not supported by this DDTREE server under the overlap "
+                    f"scheduler (only {neutral} is); {FIX}, or to a DDTREE server started with "
+                    "--disable-overlap-schedule")
     return None

@@ -114,9 +114,6 @@ SWITCHES: tuple[Switch, ...] = (
            "a budget / cap schedule by running batch size is served (refused at start-up otherwise)"),
     Switch("SGLANG_DDTREE_OVERLAP", "overlap", "flag", "0",
            "DDTREE runs under SGLang's overlap scheduler (start-up asks --disable-overlap-schedule otherwise)"),
-    Switch("SGLANG_DDTREE_PENALTIES", "penalties", "flag", "0",
-           "requests with frequency / presence / repetition penalties or min_new_tokens are served"),
-    Switch("SGLANG_DDTREE_LOGPROBS", "logprobs", "flag", "0", "requests for output logprobs are served"),
     # checks an operator may run on any host
     Switch("SGLANG_DDTREE_GRAPH_CHECK", "graph_check", "flag", "on",
            "the first replay of each decode CUDA graph shape checks the step's inputs against the captured "
@@ -149,8 +146,6 @@ class Switches:
     block_size: str = ""
     schedule: bool = False
     overlap: bool = False
-    penalties: bool = False
-    logprobs: bool = False
     graph_check: bool = True
     sync_check: str | None = None
     profile_steps: int | None = None

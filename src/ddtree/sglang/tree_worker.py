@@ -44,10 +44,8 @@ the block for the draft runner's graphs and N for the target's.
 
 Refused at start-up (settings.refusals), and again here where only the loaded models tell:
 DFlash2 selector, LiLiCorr and Domino drafts, hybrid (mamba) and sliding-window targets,
-quantized or added-vocabulary LM heads. Per request (requests.py): grammars and custom logit processors are
-served; logprobs, penalties and min_new_tokens are served here but refused unless their switch is set
-(SGLANG_DDTREE_LOGPROBS, _PENALTIES: ddtree.sglang.switches) until the GPU test bed has shown them
-equal to NONE.
+quantized or added-vocabulary LM heads. Per request (requests.py): grammars, custom logit processors, logprobs,
+penalties and min_new_tokens are served (penalties and min_new_tokens not under the overlap scheduler).
 """
 
 from __future__ import annotations
