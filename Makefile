@@ -167,7 +167,7 @@ crash-test: deploy
 # Hash-locked requirements from the top-level pins (tools/lock.py, uv from the test venv): the
 # production release venv (the GPU host's Python, LOCK_PYTHON), the sandbox's (Debian 12's 3.11; torch's
 # CPU build from TORCH_WHEELS, this machine kind's local find-links) and the gateway's.
-LOCK_PYTHON ?= 3.12
+LOCK_PYTHON ?= 3.11
 TORCH_WHEELS ?= /opt/wheels
 LOCK := $(PY) tools/lock.py write --uv $(VENV)/bin/uv
 lock: venv

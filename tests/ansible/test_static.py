@@ -292,7 +292,7 @@ def test_preflight_refuses_a_host_python_that_is_not_the_locks(tmp_path, pair_di
                                        "k26_python": str(fake)})
     out = re.sub(r"\s+", " ", r.stdout)
     assert r.returncode != 0
-    assert f"sglang.lock was locked for Python 3.12, but the host's {fake} is 3.9" in out
+    assert f"sglang.lock was locked for Python 3.11, but the host's {fake} is 3.9" in out
     assert "make lock LOCK_PYTHON=3.9" in out
 
 

@@ -46,7 +46,7 @@ GATEWAY_ADMIN_KEY = "testbed-gateway-admin-key-0123"   # the example vault has n
 # The gpu_host role's facts, which the example's own render needs: what the role finds on the
 # production host (nvcc of the venv's NVIDIA wheels; NCCL P2P left on when its PCIe report finds no
 # ACS redirection or translating IOMMU). testbed.yml sets the lent machine's.
-EXAMPLE_FACTS = {"k26_gpu_cuda_home": "/opt/k26/current/venv/lib/python3.12/site-packages/nvidia/cu13",
+EXAMPLE_FACTS = {"k26_gpu_cuda_home": "/opt/k26/current/venv/lib/python3.11/site-packages/nvidia/cu13",
                  "k26_gpu_p2p_disable": False}
 
 
