@@ -21,6 +21,11 @@ PROMETHEUS_DEB := 2.42.0+ds-5+deb12u1
 ALERTMANAGER_DEB := 0.25.0-1+b4
 PROMTOOL := $(CACHE)/prometheus-$(PROMETHEUS_DEB)/usr/bin/promtool
 AMTOOL := $(CACHE)/alertmanager-$(ALERTMANAGER_DEB)/usr/bin/amtool
+# nft of Debian 12's nftables (the version the service role installs with k26_firewall; tests/ansible/test_firewall.py
+# keeps them equal) and its libraries, unpacked into the cache behind a wrapper: the firewall test loads the rendered
+# rules in a network namespace of its own
+NFTABLES_DEB := 1.0.6-2+deb12u2
+NFT := $(CACHE)/nftables-$(NFTABLES_DEB)/nft
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
 .PHONY: promtool lock check-locks crash-test fuzz-engine help venv sglang-venv gateway-venv test test-sandbox-lane test-sandbox-extended test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
@@ -77,7 +82,17 @@ $(AMTOOL):
 	dpkg-deb -x $(CACHE)/alertmanager-deb/prometheus-alertmanager_*.deb $(CACHE)/alertmanager-$(ALERTMANAGER_DEB)
 	$(AMTOOL) --version >/dev/null
 
-promtool: $(PROMTOOL) $(AMTOOL)
+promtool: $(PROMTOOL) $(AMTOOL) $(NFT)
+
+$(NFT):
+	rm -rf $(CACHE)/nftables-deb $(CACHE)/nftables-$(NFTABLES_DEB) && mkdir -p $(CACHE)/nftables-deb $(CACHE)/nftables-$(NFTABLES_DEB)/root
+	cd $(CACHE)/nftables-deb && (apt-get download nftables=$(NFTABLES_DEB) libnftables1=$(NFTABLES_DEB) libnftnl11 \
+		libjansson4 libxtables12 2>/dev/null || (apt-get update -q >/dev/null && apt-get download \
+		nftables=$(NFTABLES_DEB) libnftables1=$(NFTABLES_DEB) libnftnl11 libjansson4 libxtables12))
+	for deb in $(CACHE)/nftables-deb/*.deb; do dpkg-deb -x $$deb $(CACHE)/nftables-$(NFTABLES_DEB)/root; done
+	printf '#!/bin/sh\nroot=$$(dirname "$$0")/root\nLD_LIBRARY_PATH="$$root/usr/lib/x86_64-linux-gnu" exec "$$root/usr/sbin/nft" "$$@"\n' > $@
+	chmod 755 $@
+	$(NFT) --version >/dev/null
 
 sglang-venv: $(SGLANG_VENV)/.ready
 	$(SGLANG_VENV)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" || true
@@ -95,7 +110,7 @@ $(GATEWAY_VENV)/.ready:
 gateway-venv: $(GATEWAY_VENV)/.ready
 
 test-fast: venv gateway-venv promtool
-	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
+	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_NFT=$(NFT) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
 
 test-sglang: sglang-venv
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
@@ -130,7 +145,7 @@ test-sandbox-extended: venv sandbox
 
 # the CPU lane runs at a lower priority: the sandbox lane is the longer one (its waits are timed)
 test-cpu-lane:
-	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) \
+	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_NFT=$(NFT) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) \
 		$(LANE) cpu $(LANES) -- nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang \
 		-p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 	$(LANE) cpu $(LANES) -- nice -n 10 $(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider \

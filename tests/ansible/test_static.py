@@ -108,7 +108,8 @@ def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
                  "ProtectProc=invisible", "CapabilityBoundingSet=", "ProtectKernelModules=yes", "RestrictNamespaces=yes",
                  "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK", "StartLimitBurst=4",
                  "DevicePolicy=closed", "DeviceAllow=char-nvidia-frontend rw", "DeviceAllow=char-nvidia-uvm rw",
-                 "DeviceAllow=char-nvidia-caps rw"):
+                 "DeviceAllow=char-nvidia-caps rw", "LimitCORE=0", "After=nvidia-persistenced.service",
+                 "Wants=nvidia-persistenced.service"):
         assert line in unit.splitlines(), line
     assert not any(line.startswith("PrivateDevices") for line in unit.splitlines())  # GPUs reachable (DeviceAllow)
     assert "NCCL_NVLS_ENABLE=0" in env and "EnvironmentFile=-/etc/k26/gpu-host.env" in unit.splitlines()
@@ -194,6 +195,8 @@ def test_sandbox_unit_runs_ddtree_serve(tmp_path, vault_pass):
     args = parse_args(parser(), argv)
     assert str(args.speculative_ddtree_budget) == "16" and args.cuda_graph_backend_decode == "disabled"
     assert args.api_key == "sandbox-demo-key"
+    # a host without GPUs: no ordering on the driver's daemon (it does not exist there); never a core file
+    assert "nvidia-persistenced" not in unit and "LimitCORE=0" in unit.splitlines()
 
 
 def test_a_budget_schedule_renders_as_written_and_ddtree_serve_takes_it(tmp_path, vault_pass):
@@ -445,3 +448,18 @@ def test_operator_inputs_are_raw_where_they_are_validated_before_preflight():
                    for name, option in (entry.get("options") or {}).items()
                    if name in inputs and option.get("type", "str") not in ("raw", "str", "path", "list", "dict"))
     assert typed == []
+
+
+def test_every_documented_site_command_asks_for_the_vault():
+    """The site's inventory holds an encrypted vault (the README's first block makes it): a documented playbook
+    command against it without a vault option stops with Ansible's decryption error (issue 47: the rollback's did).
+    tests/infra/test_snapshot_rollback.py runs a deploy and a rollback that way against a vault inventory."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    commands = [(path.name, line) for path in docs for line in path.read_text().splitlines()
+                if "ansible-playbook" in line and "inventory/site" in line]
+    assert len(commands) >= 8
+    missing = [c for c in commands if "--ask-vault-pass" not in c[1] and "--vault-password-file" not in c[1]]
+    assert not missing, missing
+    # a playbook named in prose with its options is written as the whole command
+    partial = [(path.name, m) for path in docs for m in re.findall(r"`(playbooks/\w+\.yml -e [^`]*)`", path.read_text())]
+    assert not partial, partial

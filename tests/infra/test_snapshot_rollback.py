@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from .conftest import deploy, guest
+from .conftest import BIN, ROOT, deploy, guest
 
 API_KEY = "sandbox-demo-key"
 
@@ -89,3 +91,45 @@ def test_rollback_restores_an_earlier_snapshot(repo, tmp_path):
     unknown = deploy("-e", f"k26_snapshot_repo={repo}", "-e", "snapshot_tag=nope", tmp=tmp_path,
                      playbook="playbooks/rollback.yml")
     assert unknown.rc != 0 and "snapshot_tag=nope is not a tag" in re.sub(r"\s+", " ", unknown.out)
+
+
+def vault_inventory(tmp: Path) -> tuple[Path, Path]:
+    """The sandbox inventory as a site keeps its own: the API key only in an ansible-vault encrypted
+    group_vars/all/vault.yml (vault_k26_api_key), the service vars pointing at it. Two levels under the
+    repository (build/), so the inventory's own inventory_dir-relative paths still resolve."""
+    inv = ROOT / "build" / f"vault-inventory-{tmp.name}"
+    shutil.rmtree(inv, ignore_errors=True)
+    shutil.copytree(ROOT / "inventory/sandbox", inv)
+    service = inv / "group_vars/k26/service.yml"
+    service.write_text(service.read_text().replace(f"k26_api_key: {API_KEY}", 'k26_api_key: "{{ vault_k26_api_key }}"'))
+    password = tmp / "vault-password"
+    password.write_text("a-test-vault-password\n")
+    vault = inv / "group_vars/all/vault.yml"
+    vault.write_text(f"vault_k26_api_key: {API_KEY}\n")
+    subprocess.run([str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(password), str(vault)],
+                   check=True, capture_output=True)
+    assert vault.read_text().startswith("$ANSIBLE_VAULT;")
+    return inv, password
+
+
+def test_deploy_and_rollback_with_an_encrypted_vault(repo, tmp_path):
+    """The documented commands against a site whose key is in an encrypted vault (issue 47): without the vault
+    password the playbook stops before it touches the host (Ansible cannot read the inventory); with it
+    (--vault-password-file here, --ask-vault-pass in the README) a deploy and a rollback run as on the plain
+    inventory."""
+    inv, password = vault_inventory(tmp_path)
+    try:
+        before = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
+        locked = deploy("-i", str(inv), "-e", f"k26_snapshot_repo={repo}", "-e", "snapshot_tag=base-16",
+                        tmp=tmp_path, playbook="playbooks/rollback.yml")
+        assert locked.rc != 0 and "vault" in locked.out.lower(), locked.out[-2000:]
+        assert guest("cat /etc/systemd/system/k26-ddtree.service").stdout == before
+        changed = deploy("-i", str(inv), "--vault-password-file", str(password), "-e", "k26_ddtree_budget=8",
+                         tmp=tmp_path)
+        assert changed.rc == 0 and server_budget() == 8, changed.out[-3000:]
+        back = deploy("-i", str(inv), "--vault-password-file", str(password), "-e", f"k26_snapshot_repo={repo}",
+                      "-e", "snapshot_tag=base-16", tmp=tmp_path, playbook="playbooks/rollback.yml")
+        assert back.rc == 0 and server_budget() == 16, back.out[-3000:]
+        assert f'api-key: "{API_KEY}"' in guest("cat /etc/k26/k26-ddtree.yaml").stdout
+    finally:
+        shutil.rmtree(inv, ignore_errors=True)

@@ -196,6 +196,14 @@ def _host(value, rule: Mapping) -> str | None:
     return "expected an IPv4 or IPv6 address or a DNS name (no spaces, no flags)"
 
 
+def _network(value, rule: Mapping) -> str | None:
+    try:
+        ipaddress.ip_network(str(value).strip(), strict=False)
+        return None
+    except ValueError:
+        return "expected an IPv4 or IPv6 address or network (e.g. 10.0.0.0/24), not a name"
+
+
 def _pattern(regex: re.Pattern, what: str) -> Callable:
     def check(value, rule: Mapping) -> str | None:
         if value == "" and rule.get("empty_ok"):
@@ -329,7 +337,8 @@ def _apt_source(value, rule: Mapping) -> str | None:
 
 
 CHECKS: dict[str, Callable] = {
-    "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "choice": _choice, "args": _args, "env": _env,
+    "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "network": _network,
+    "choice": _choice, "args": _args, "env": _env,
     "schedule": _schedule, "api_key": _api_key, "api_keys": _api_keys, "list": _list, "url": _url,
     "device": _pattern(DEVICE, "a DeviceAllow entry: char-NAME, block-NAME or /dev/PATH, then r, w and/or m"),
     "git_ref": _pattern(GIT_REF, "a tag name of letters, digits and ._- (starting with a letter or digit)"),
@@ -423,8 +432,39 @@ def k26_os_refusal(os_release_text: str, host: str = "the host") -> str:
             "Install Debian 12 on the host (README, \"Supported OS\")")
 
 
+def _host_address(hostvars, host: str) -> str:
+    values = hostvars[host]
+    for name in ("k26_monitor_address", "ansible_host"):
+        if name in values and str(values[name]).strip():
+            return str(values[name]).strip()
+    return host
+
+
+def k26_firewall_peers(hostvars, groups: Mapping, host: str, extra=()) -> dict:
+    """Who may reach a server host's service and node-exporter ports when k26_firewall is on: the host itself
+    (loopback and its own address), the gateway hosts, the monitor hosts (their k26_monitor_address, else
+    ansible_host, else the inventory name) and k26_firewall_allow. -> {"ipv4": [...], "ipv6": [...],
+    "invalid": ["NAME: VALUE", ...]}: nftables takes addresses and networks only, so a DNS name is invalid."""
+    named = [(host, _host_address(hostvars, host))]
+    for group in ("k26_gateway", "k26_monitor"):
+        named += [(h, _host_address(hostvars, h)) for h in groups.get(group, [])]
+    named += [("k26_firewall_allow", str(value).strip()) for value in (extra or [])]
+    out = {"ipv4": ["127.0.0.1"], "ipv6": ["::1"], "invalid": []}
+    for name, value in named:
+        try:
+            network = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            out["invalid"].append(f"{name}: {value}")
+            continue
+        family = out["ipv4" if network.version == 4 else "ipv6"]
+        text = str(network.network_address) if network.num_addresses == 1 else str(network)
+        if text not in family:
+            family.append(text)
+    return out
+
+
 class FilterModule:
     def filters(self):
         return {"k26_input_errors": k26_input_errors, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
                 "k26_unit_value": k26_unit_value, "k26_schedule_steps": k26_schedule_steps,
-                "k26_os_refusal": k26_os_refusal}
+                "k26_os_refusal": k26_os_refusal, "k26_firewall_peers": k26_firewall_peers}
