@@ -151,3 +151,28 @@ def test_a_rollback_without_an_inventory_refuses_another_sites_tag_before_any_co
     assert r.returncode != 0 and "unreachable=0" in out
     assert "snapshot_tag=site-baseline holds no snapshot of sandbox (it holds k26-gpu-01)" in out
     assert "(ansible.cfg's default, the local sandbox)" in out and "-i inventory/site" in out
+
+
+@pytest.mark.parametrize("monitor,passes", [
+    ({}, False),                                                   # a monitor host, no receiver: refused
+    ({"k26_alert_webhooks": ["https://pager.invalid/hook"]}, True),
+    ({"k26_alerts_unrouted": True}, True),                         # no receiver, on purpose
+    ({"k26_monitoring": False}, True),                             # monitoring left out of the run
+])
+def test_a_monitor_host_without_an_alert_receiver_is_refused_unless_on_purpose(tmp_path, monitor, passes):
+    """Issue 47: with a monitor host and no receiver, every alert stays in Alertmanager's UI and pages nobody."""
+    inv = unreachable_fleet(tmp_path)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    groups = hosts["all"]["children"]
+    groups["k26"]["hosts"]["gpu-b"].pop("k26_state_dir")
+    groups["k26_gateway"]["hosts"]["gw"]["k26_gateway_port"] = 30080
+    groups["k26_monitor"] = {"hosts": {"gw": monitor}}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml"], tmp_path)
+    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    assert "unreachable=0" in out
+    if passes:
+        assert r.returncode == 0, out[-3000:]
+    else:
+        assert r.returncode != 0 and "gw runs Prometheus and Alertmanager, but k26_alert_webhooks is empty" in out
+        assert "k26_alerts_unrouted: true" in out
