@@ -112,11 +112,11 @@ def vault_inventory(tmp: Path) -> tuple[Path, Path]:
     return inv, password
 
 
-def test_deploy_and_rollback_with_an_encrypted_vault(repo, tmp_path):
-    """The documented commands against a site whose key is in an encrypted vault (issue 47): without the vault
-    password the playbook stops before it touches the host (Ansible cannot read the inventory); with it
-    (--vault-password-file here, --ask-vault-pass in the README) a deploy and a rollback run as on the plain
-    inventory."""
+def test_rollback_with_an_encrypted_vault(repo, tmp_path):
+    """The documented rollback against a site whose key is in an encrypted vault (issue 47: the README's command
+    lacked the vault option): without the vault password the playbook stops before it touches the host (Ansible
+    cannot read the inventory); with it (--vault-password-file here, --ask-vault-pass in the README) the rollback
+    runs as on the plain inventory and the server keeps the vault's key."""
     inv, password = vault_inventory(tmp_path)
     try:
         before = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
@@ -124,12 +124,10 @@ def test_deploy_and_rollback_with_an_encrypted_vault(repo, tmp_path):
                         tmp=tmp_path, playbook="playbooks/rollback.yml")
         assert locked.rc != 0 and "vault" in locked.out.lower(), locked.out[-2000:]
         assert guest("cat /etc/systemd/system/k26-ddtree.service").stdout == before
-        changed = deploy("-i", str(inv), "--vault-password-file", str(password), "-e", "k26_ddtree_budget=8",
-                         tmp=tmp_path)
-        assert changed.rc == 0 and server_budget() == 8, changed.out[-3000:]
         back = deploy("-i", str(inv), "--vault-password-file", str(password), "-e", f"k26_snapshot_repo={repo}",
                       "-e", "snapshot_tag=base-16", tmp=tmp_path, playbook="playbooks/rollback.yml")
         assert back.rc == 0 and server_budget() == 16, back.out[-3000:]
+        assert "--speculative-ddtree-budget 16" in guest("cat /etc/systemd/system/k26-ddtree.service").stdout
         assert f'api-key: "{API_KEY}"' in guest("cat /etc/k26/k26-ddtree.yaml").stdout
     finally:
         shutil.rmtree(inv, ignore_errors=True)
