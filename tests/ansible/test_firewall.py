@@ -67,9 +67,11 @@ python3 -m http.server 30000 --bind 127.0.0.1 >/dev/null 2>&1 & a=$!
 python3 -m http.server 9100 --bind 127.0.0.1 >/dev/null 2>&1 & b=$!
 python3 -m http.server 30001 --bind 127.0.0.1 >/dev/null 2>&1 & c=$!
 trap 'kill $a $b $c' EXIT
-for i in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:30001/ && break; sleep 0.1; done
+for port in 30000 9100 30001; do    # each server answers the host itself before the probes (slow machines)
+  for i in $(seq 300); do curl -s -o /dev/null --max-time 2 http://127.0.0.1:$port/ && break; sleep 0.1; done
+done
 for from in 127.0.0.1 127.0.0.5; do for port in 30000 9100 30001; do
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 --interface $from http://127.0.0.1:$port/ || true)
+  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 --interface $from http://127.0.0.1:$port/ || true)
   echo "$from $port $code"
 done; done
 """

@@ -89,7 +89,7 @@ PRODUCTION_FLAGS = [
     "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
     "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 48",
     "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
-    "--max-running-requests 48", "--host 0.0.0.0", "--port 30000", "--enable-metrics",
+    "--max-running-requests 48", "--host 192.0.2.10", "--port 30000", "--enable-metrics",
     "--config /etc/k26/k26-ddtree.yaml",
     "--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2", "--watchdog-timeout 1800",
 ]
