@@ -21,12 +21,13 @@ MARKED = re.compile(r"<!-- commands (tested: (?P<tests>[^>]*?)|real host only[^>
 
 
 def test_every_shell_block_says_where_its_commands_run():
-    blocks = README.count("```bash\n")
-    marked = list(MARKED.finditer(README))
-    assert blocks == len(marked) > 0, "a ```bash block of README.md lacks its <!-- commands ... --> line"
-    for m in marked:
-        for path in re.findall(r"(?:tests|\.ci)/[\w./]+", m.group(0)):
-            assert (ROOT / path).exists(), path
+    for name, text in (("README.md", README), ("docs/runbook.md", (ROOT / "docs/runbook.md").read_text())):
+        blocks = text.count("```bash\n")
+        marked = list(MARKED.finditer(text))
+        assert blocks == len(marked) > 0, f"a ```bash block of {name} lacks its <!-- commands ... --> line"
+        for m in marked:
+            for path in re.findall(r"(?:tests|\.ci)/[\w./]+", m.group(0)):
+                assert (ROOT / path).exists(), path
 
 
 def reference_block() -> str:
