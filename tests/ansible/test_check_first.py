@@ -15,7 +15,7 @@ import yaml
 from .conftest import BIN, ROOT, run
 
 PLAYBOOKS = ["playbooks/deploy.yml", "playbooks/snapshot.yml", "playbooks/rollback.yml", "playbooks/sweep.yml",
-             "playbooks/maintenance.yml",
+             "playbooks/maintenance.yml", "playbooks/stage_models.yml",
              "playbooks/validate.yml"]
 
 
