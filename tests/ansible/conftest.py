@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,6 +14,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DEMO_VAULT_PASSWORD = "k26-demo-vault-password"  # documented demo password of the example vault
+
+
+@functools.lru_cache(maxsize=1)
+def load_k26_inputs():
+    """roles/k26_defaults/filter_plugins/k26_inputs.py as a module (the input rules and the filters they serve)."""
+    spec = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def ansible_env(tmp: Path) -> dict:

@@ -62,11 +62,22 @@ def test_bad_inputs_of_every_host_are_named_at_once_before_any_connection(tmp_pa
     assert all(f"{h} " in out for h in ("gpu-a", "gpu-b", "gw")) and "failed=1" in out
 
 
+def check_good_fleet(tmp: Path, edit=lambda groups: None) -> tuple[subprocess.CompletedProcess, str]:
+    """unreachable_fleet with its two bad values made good, then `edit(groups)` applied to its host groups, through
+    playbooks/check_inputs.yml: the run and its output with white space folded."""
+    inv = unreachable_fleet(tmp)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    groups = hosts["all"]["children"]
+    groups["k26"]["hosts"]["gpu-b"]["k26_state_dir"] = "/var/lib/k26"
+    groups["k26_gateway"]["hosts"]["gw"]["k26_gateway_port"] = 30080
+    edit(groups)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml"], tmp)
+    return r, re.sub(r"\s+", " ", r.stdout + r.stderr)
+
+
 def test_good_inputs_pass_the_check_without_contacting_a_host(tmp_path):
-    inv = unreachable_fleet(tmp_path)
-    (inv / "hosts.yml").write_text((inv / "hosts.yml").read_text().replace("k26_state_dir: /var/lib", "k26_state_dir: /var/lib/k26")
-                                   .replace("k26_gateway_port: 99999", "k26_gateway_port: 30080"))
-    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml"], tmp_path)
+    r, _ = check_good_fleet(tmp_path)
     assert r.returncode == 0, r.stdout[-3000:]
     assert "unreachable=0" in r.stdout and "failed=0" in r.stdout
 
@@ -81,17 +92,11 @@ def test_good_inputs_pass_the_check_without_contacting_a_host(tmp_path):
     ({"gpu-a": {"k26_api_key_previous": "too-short"}}, "k26_api_key_previous is 9 characters long"),
 ])
 def test_the_fleets_keys_are_checked_before_any_connection(tmp_path, change, message):
-    inv = unreachable_fleet(tmp_path)
-    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
-    groups = hosts["all"]["children"]
-    groups["k26"]["hosts"]["gpu-b"].pop("k26_state_dir")
-    groups["k26_gateway"]["hosts"]["gw"]["k26_gateway_port"] = 30080
-    for host, settings in change.items():
-        group = "k26_gateway" if host == "gw" else "k26"
-        groups[group]["hosts"][host].update(settings)
-    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml"], tmp_path)
-    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    def apply(groups):
+        for host, settings in change.items():
+            groups["k26_gateway" if host == "gw" else "k26"]["hosts"][host].update(settings)
+
+    r, out = check_good_fleet(tmp_path, apply)
     assert r.returncode != 0 and message in out, out[-3000:]
     assert "unreachable=0" in out
     for value in (v for settings in change.values() for v in settings.values()):
@@ -162,15 +167,7 @@ def test_a_rollback_without_an_inventory_refuses_another_sites_tag_before_any_co
 ])
 def test_a_monitor_host_without_an_alert_receiver_is_refused_unless_on_purpose(tmp_path, monitor, passes):
     """Issue 47: with a monitor host and no receiver, every alert stays in Alertmanager's UI and pages nobody."""
-    inv = unreachable_fleet(tmp_path)
-    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
-    groups = hosts["all"]["children"]
-    groups["k26"]["hosts"]["gpu-b"].pop("k26_state_dir")
-    groups["k26_gateway"]["hosts"]["gw"]["k26_gateway_port"] = 30080
-    groups["k26_monitor"] = {"hosts": {"gw": monitor}}
-    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml"], tmp_path)
-    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    r, out = check_good_fleet(tmp_path, lambda groups: groups.update(k26_monitor={"hosts": {"gw": monitor}}))
     assert "unreachable=0" in out
     if passes:
         assert r.returncode == 0, out[-3000:]

@@ -7,7 +7,6 @@ The sandbox shares this machine's network, so there the firewall stays off (pref
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,12 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT
+from .conftest import ROOT, load_k26_inputs
 from .test_static import render
 
-_module = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
-k26_inputs = importlib.util.module_from_spec(_module)
-_module.loader.exec_module(k26_inputs)
+k26_inputs = load_k26_inputs()
 
 
 def nft() -> str:

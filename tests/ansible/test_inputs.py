@@ -3,18 +3,15 @@ roles/preflight/vars/main.yml) and the second wall: the unit and env templates q
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
 import yaml
 
-from .conftest import ROOT
+from .conftest import ROOT, load_k26_inputs
 
 SPEC = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["_preflight_inputs"]
-_module = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
-k26_inputs = importlib.util.module_from_spec(_module)
-_module.loader.exec_module(k26_inputs)
+k26_inputs = load_k26_inputs()
 
 # (variable, malformed value, what the message must say): strings, numbers, lists and maps
 MALFORMED = [

@@ -7,26 +7,20 @@ exactly where ddtree.settings finds a problem."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 import yaml
 
 from ddtree.settings import MAX_BUDGET, DDTreeConfigError, parse_schedule, schedule_problems
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import ROOT, load_k26_inputs
 FIXED = ["32", "1", "1023", "1024", "0", "", " 8 ", "1:64,8:32,32:8", "1:8", "2:8", "1:8,1:4", "1:8,4:2,3:1",
          "1:64,8:", "1:64;8:32", "a", "1:0", "1:1024", "-1", "1.5", "1:64, 8:32", "01:064"]
 
 
-@functools.lru_cache(maxsize=1)
 def filter_module():
-    spec = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_k26_inputs()
 
 
 @functools.lru_cache(maxsize=1)

@@ -5,17 +5,14 @@ README say the same. The sandbox (Debian 12 too) runs the check for real on ever
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .conftest import ROOT
+from .conftest import ROOT, load_k26_inputs
 
-_module = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
-k26_inputs = importlib.util.module_from_spec(_module)
-_module.loader.exec_module(k26_inputs)
+k26_inputs = load_k26_inputs()
 
 DEBIAN_12 = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n'
 OTHERS = {

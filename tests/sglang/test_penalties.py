@@ -70,28 +70,25 @@ def orchestrator(settings: list[dict]):
     return orch
 
 
-def scaling_first(orch) -> None:
-    """Reorder the orchestrator's penalizers so that repetition runs first: an order SGLang 0.5.23's non-overlap NONE
-    takes in a process whose classes' addresses put it first in the set (its dict follows the set's order)."""
-    orch.penalizers = dict(sorted(orch.penalizers.items(), key=lambda item: not item[1].is_multiplicative))
+def one_by_one(orch, repetition_first: bool) -> None:
+    """Order the orchestrator's penalizers with repetition (the scaling one) first or last, as SGLang 0.5.23's
+    non-overlap NONE path may find them in a process (its dict follows a set of classes, which their addresses
+    order), then applied one by one in that order."""
+    orch.penalizers = dict(sorted(orch.penalizers.items(),
+                                  key=lambda item: item[1].is_multiplicative != repetition_first))
 
 
-def scaling_last(orch) -> None:
-    """... and so that repetition runs last (the additive-first order, by another road)."""
-    orch.penalizers = dict(sorted(orch.penalizers.items(), key=lambda item: item[1].is_multiplicative))
-
-
-def none_decode(prompts, settings, length, one_by_one=None):
+def none_decode(prompts, settings, length, repetition_first: bool | None = None):
     """Greedy NONE as SGLang runs it: each token chosen after the penalties of the output so far, each
-    output token fed to the penalizers before the next step. one_by_one: None - SGLang's speculative and overlap
-    order (additive, then scaling: see ORDER); else a function that reorders the penalizers, applied one by one in
-    the orchestrator's order as the non-overlap NONE path applies them."""
+    output token fed to the penalizers before the next step. repetition_first: None - SGLang's speculative and
+    overlap order (additive, then scaling: see ORDER); True / False - the non-overlap NONE path's one-by-one apply
+    with repetition first / last (one_by_one)."""
     orch, seqs = orchestrator(settings), [list(p) for p in prompts]
-    if one_by_one is not None:
-        one_by_one(orch)
+    if repetition_first is not None:
+        one_by_one(orch, repetition_first)
     for _ in range(length):
         logits = torch.stack([target_logits(s) for s in seqs])
-        if one_by_one is None:
+        if repetition_first is None:
             orch.apply(logits, repeat=1)                # additive, then scaling: see ORDER
         else:
             orch.apply(logits)
@@ -249,7 +246,7 @@ def test_repetition_with_an_additive_penalty_depends_on_the_order_and_ddtree_tak
     to put repetition last (one by one in that order = the speculative order's tokens)."""
     settings = [{"frequency": 0.6, "presence": 0.6, "repetition": 2.5}] * 4
     additive_first = none_decode(PROMPTS, settings, 24)
-    assert none_decode(PROMPTS, settings, 24, one_by_one=scaling_last) == additive_first
-    assert none_decode(PROMPTS, settings, 24, one_by_one=scaling_first) != additive_first
+    assert none_decode(PROMPTS, settings, 24, repetition_first=False) == additive_first
+    assert none_decode(PROMPTS, settings, 24, repetition_first=True) != additive_first
     got, _ = ddtree_decode(PROMPTS, settings, 24)
     assert got == additive_first
