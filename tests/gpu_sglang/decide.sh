@@ -6,6 +6,8 @@
 #   default 1.5), once per machine (a pair already there is kept), exports each to SGLang's formats, then
 #   part "nodes" (default): tests/gpu_sglang/test_node_logits.py over all of them (issue 44 items 1-3: tree against
 #              path node by node with the chain control and a deliberate fault, the committed KV, the radix cache);
+#              NODE_VARIANTS (server names, comma-separated, each with -dump) adds trees held to the same rule on the
+#              pairs without routing choices (issue 45: the budget schedule across widths, the overlap scheduler);
 #   part "greedy": the temperature-0 test of test_ddtree_server.py (GREEDY_MATRIX, default budget 8 cap 8, 32 x 4,
 #              32 x 8, 64 x 8 with graphs and 32 x 8 eager; 1 and 8 at once; the chain against DFLASH; the export) on
 #              GREEDY_SIZES (default kimi-dense kimi-allexp), one pytest session per pair at once (ports 31000 + 1000 x
@@ -17,8 +19,10 @@
 #              pytest session per pair at once (ports 35000 + 1000 x i): tests/gpu_sglang/test_requests.py
 #              (deterministic inference as the control, seeds, penalties and min_new_tokens, custom logit
 #              processors, output logprobs) and test_grammars.py, each pair's controls on servers beside its DDTREE
-#              servers; REQUEST_K selects tests (pytest -k);
-#   part "all": nodes, then greedy; several parts in one call run one after the other (decide.sh requests greedy).
+#              servers; REQUEST_K selects tests (pytest -k), REQUEST_START the servers started (default: all of both
+#              modules);
+#   part "all": nodes, then greedy; several parts in one call run one after the other (decide.sh requests greedy),
+#              with PARALLEL=1 at once on the one GPU (the pairs are trained first, once).
 # Results come back through $OUT, one archive per part (nodes.tgz, greedy.tgz: results.md / results.json, node-check.md,
 # server logs) and train-logs.tgz; each part's tables are printed too.
 set -u
@@ -26,35 +30,47 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here"
 . .gpu-bundles/bin/env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if [ $# -gt 1 ]; then
-  rc=0
-  for part in "$@"; do "$0" "$part" || rc=1; done
-  exit $rc
-fi
 PART=${1:-nodes}
 SIZES=${SIZES:-small kimi-dense kimi-allexp kimi}
 ROOT=$SGLANG_TESTBED/decide; mkdir -p "$ROOT"; OUT=${OUT:-$ROOT/out}; mkdir -p "$OUT"
 t0=$(date +%s)
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
-for s in $SIZES; do
-  [ -f "$ROOT/$s/pair/b8/draft/model.safetensors" ] && continue
-  mkdir -p "$ROOT/$s"
-  python3 bench/train_pair.py --out "$ROOT/$s/pair" --size "$s" --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes 8 \
-    --prompts 32 --device cuda > "$ROOT/$s/train.log" 2>&1 &
-done
-wait
-for s in $SIZES; do
-  grep -E "held-out|steps in" "$ROOT/$s/train.log" | sed "s/^/[$s] /"
-  [ -d "$ROOT/$s/sglang-pair/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/$s/pair/b8" \
-    --out "$ROOT/$s/sglang-pair" > "$ROOT/$s/export.log" 2>&1 || { cat "$ROOT/$s/export.log"; exit 1; }
-done
-echo "[decide] pairs ready after $(( $(date +%s) - t0 )) s"
-python3 - "$ROOT" $SIZES > "$ROOT/pairs.json" <<'EOF'
+
+prepare() {   # the plugin installed, SIZES' pairs trained and exported (a pair already on this machine is kept)
+  python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
+  for s in $SIZES; do
+    [ -f "$ROOT/$s/pair/b8/draft/model.safetensors" ] && continue
+    mkdir -p "$ROOT/$s"
+    python3 bench/train_pair.py --out "$ROOT/$s/pair" --size "$s" --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes 8 \
+      --prompts 32 --device cuda > "$ROOT/$s/train.log" 2>&1 &
+  done
+  wait
+  for s in $SIZES; do
+    grep -E "held-out|steps in" "$ROOT/$s/train.log" | sed "s/^/[$s] /"
+    [ -d "$ROOT/$s/sglang-pair/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/$s/pair/b8" \
+      --out "$ROOT/$s/sglang-pair" > "$ROOT/$s/export.log" 2>&1 || { cat "$ROOT/$s/export.log"; return 1; }
+  done
+  echo "[decide] pairs ready after $(( $(date +%s) - t0 )) s"
+  python3 - "$ROOT" $SIZES > "$ROOT/pairs.json" <<'PY'
 import json, sys
 root, sizes = sys.argv[1], sys.argv[2:]
 print(json.dumps({s: {"pair": f"{root}/{s}/sglang-pair", "ref": f"{root}/{s}/pair/b8",
                       "prompts": f"{root}/{s}/pair/heldout_prompts.json"} for s in sizes}))
-EOF
+PY
+}
+
+if [ $# -gt 1 ]; then     # several parts: the pairs once, then the parts one after the other (PARALLEL=1: at once)
+  prepare || exit 1
+  rc=0
+  for part in "$@"; do
+    if [ "${PARALLEL:-0}" = 1 ]; then "$0" "$part" > "$ROOT/part-$part.log" 2>&1 & else "$0" "$part" || rc=1; fi
+  done
+  if [ "${PARALLEL:-0}" = 1 ]; then
+    for job in $(jobs -p); do wait "$job" || rc=1; done
+    for part in "$@"; do echo "===== part $part"; cat "$ROOT/part-$part.log"; done
+  fi
+  exit $rc
+fi
+prepare || exit 1
 one() {   # the conftest's single-pair variables, for pair $1
   echo "SGLANG_DDTREE_PAIR=$ROOT/$1/sglang-pair SGLANG_DDTREE_REF=$ROOT/$1/pair/b8 SGLANG_DDTREE_PROMPTS=$ROOT/$1/pair/heldout_prompts.json"
 }
@@ -68,6 +84,7 @@ case $PART in
         -p no:cacheprovider -q -rfE -k "test_each_width or test_greedy_equals_none_while" > "$ROOT/widths.log" 2>&1 &
     fi
     env $(one "$first") SGLANG_DDTREE_PAIRS="$ROOT/pairs.json" SGLANG_DDTREE_OUT=/tmp/ddtree-nodes \
+      SGLANG_DDTREE_NODE_VARIANTS="${NODE_VARIANTS:-}" \
       python3 -m pytest tests/gpu_sglang/test_node_logits.py -p no:cacheprovider -q -rfE || rc=1
     wait
     cat /tmp/ddtree-nodes/results.md /tmp/ddtree-nodes/node-check.md /tmp/ddtree-widths/results.md 2>/dev/null
@@ -101,8 +118,8 @@ case $PART in
     tar czf "$OUT/greedy.tgz" $(ls -d /tmp/ddtree-greedy-* "$ROOT"/greedy-*.log 2>/dev/null) 2>/dev/null ;;
   requests)
     i=0
-    names=$(python3 -c "from tests.gpu_sglang.test_requests import REQUEST_SERVERS as r
-from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join((*r, *g)))")
+    names=${REQUEST_START:-$(python3 -c "from tests.gpu_sglang.test_requests import REQUEST_SERVERS as r
+from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join((*r, *g)))")}
     for s in ${REQUEST_SIZES:-small kimi-dense}; do
       env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-requests-$s" SGLANG_DDTREE_START="$names" \
         SGLANG_DDTREE_BASE_PORT=$((35000 + 1000 * i)) python3 -m pytest tests/gpu_sglang/test_requests.py \

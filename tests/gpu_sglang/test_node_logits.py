@@ -14,7 +14,10 @@ node's path (node_check.py). What is asserted, each able to fail:
   - the KV the tree server keeps for its committed tokens is as close to a prefill of the same tokens as the
     chain control's (KV rows read from SGLang's pool; MLA: the latent + rope row);
   - with the radix cache, "prompt + its answer" (the answer's KV from the verify passes) gives NONE's next-token
-    log-probs within the chain-control bound on the no-flip pairs (issue 44's 0.78 parting).
+    log-probs within the chain-control bound on the no-flip pairs (issue 44's 0.78 parting);
+  - SGLANG_DDTREE_NODE_VARIANTS (issue 45): further dumped trees held to the tree's rule on the no-flip pairs - a
+    budget schedule by running batch size answering one request at a time and eight at once (its steps compared
+    spread over the widths it ran, at least two of them), and the overlap scheduler.
 """
 
 from __future__ import annotations
@@ -50,8 +53,26 @@ def pairs() -> dict[str, dict]:
 PAIRS = sorted(pairs())
 
 
+def variants() -> list[str]:
+    """Further dumped DDTREE servers held to the tree's rule (issue 45), on the pairs whose routing cannot flip."""
+    names = [n for n in os.environ.get("SGLANG_DDTREE_NODE_VARIANTS", "").split(",") if n]
+    bad = [n for n in names if not n.endswith("-dump")]
+    if bad:
+        raise ValueError(f"SGLANG_DDTREE_NODE_VARIANTS={','.join(names)} is invalid: {bad} dump no steps "
+                         f"(end each name with -dump)")
+    return names
+
+
+VARIANTS = variants()
+
+
 def servers_of(name: str) -> list[str]:
-    return ["none", TREE, CHAIN, FAULT] + ([RADIX] if name in MOE else []) + (["none-radix"] if name in MOE else [])
+    return (["none", TREE, CHAIN, FAULT] + ([RADIX] if name in MOE else []) + (["none-radix"] if name in MOE else [])
+            + ([] if name in FLIPPING else VARIANTS))
+
+
+def scheduled(server) -> bool:
+    return ":" in str(server.config.budget)
 
 
 @pytest.fixture(scope="session")
@@ -78,11 +99,24 @@ def prompts_of(name: str) -> list[list[int]]:
     return [p[: 1 + 40 + 30 * i] for i, p in enumerate(raw[:PROMPTS])]
 
 
-def answer(server, prompts):
-    answers = [server.generate(p, harness.greedy(NEW_TOKENS)) for p in prompts]
+def answer(server, prompts, concurrency: int = 1):
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        answers = list(pool.map(lambda p: server.generate(p, harness.greedy(NEW_TOKENS)), prompts))
     bad = [a for a in answers if "output_ids" not in a]
     assert not bad, f"{server.config.name}: {len(bad)} requests failed, e.g. {bad[0]}"
     return answers
+
+
+def spread_over_widths(records: list[nc.DumpedRequest], limit: int) -> list[nc.DumpedRequest]:
+    """Up to `limit` records taken in turn from each verify width (tree rows) met, so every width is compared."""
+    by_width: dict[int, list] = {}
+    for r in records:
+        by_width.setdefault(len(r.tree_tokens), []).append(r)
+    queues = [list(v) for _, v in sorted(by_width.items())]
+    out = []
+    while len(out) < limit and any(queues):
+        out += [q.pop(0) for q in queues if q][: limit - len(out)]
+    return out
 
 
 def path_runs(none, rec: nc.DumpedRequest) -> dict[int, list]:
@@ -106,12 +140,17 @@ class PairRun:
         self.prompts = prompts_of(name)
         self.nodes: dict[str, list[nc.NodeDelta]] = {}
         self.kv: dict[str, list[nc.KVDelta]] = {}
+        self.widths: dict[str, list[int]] = {}          # verify widths of the steps compared, per server
         none = ready(fleet, "none")
-        for server_name in (TREE, CHAIN, FAULT):
+        for server_name in (TREE, CHAIN, FAULT, *([] if name in FLIPPING else VARIANTS)):
             self._measure(ready(fleet, server_name), none)
 
     def _measure(self, server, none) -> None:
-        answers = answer(server, self.prompts)
+        prompts = self.prompts
+        answers = answer(server, prompts)
+        if scheduled(server):           # and eight at once: the schedule's narrower widths
+            prompts = prompts + 2 * self.prompts
+            answers += answer(server, 2 * self.prompts, concurrency=len(2 * self.prompts))
         rids = [a["meta_info"]["id"] for a in answers]
         records = nc.load_dumps(server.dump_dir)
         by_rid = {rid: [r for r in records if r.rid == rid] for rid in rids}
@@ -121,18 +160,19 @@ class PairRun:
         records = nc.load_dumps(server.dump_dir)
         self.kv[server.config.name] = [
             nc.kv_delta(by_rid[rid][-1], next(r for r in records if r.rid == a["meta_info"]["id"]), len(p))
-            for rid, a, p in zip(rids, again, self.prompts)]
+            for rid, a, p in zip(rids, again, prompts)]
+        chosen = spread_over_widths([r for rid in rids for r in by_rid[rid]], MAX_RECORDS)
         deltas = []
-        chosen = [r for rid in rids for r in by_rid[rid]][:MAX_RECORDS]
         for rec in chosen:
             deltas += nc.request_deltas(rec, path_runs(none, rec)).values()
         self.nodes[server.config.name] = deltas
+        self.widths[server.config.name] = sorted({len(r.tree_tokens) for r in chosen})
 
     def table(self) -> str:
         lines = [f"pair {self.name}"]
         for server, deltas in self.nodes.items():
             s = nc.summarize(deltas)
-            lines.append(f"  {server}: {s.row()}")
+            lines.append(f"  {server}: {s.row()}, verify widths {self.widths[server]}")
             lines += [f"    depth {d}: {n} nodes, mean {m:.4f} p99 {p:.4f} max {x:.4f}" for d, (n, m, p, x)
                       in s.by_depth.items()]
             kv = self.kv[server]
@@ -194,6 +234,19 @@ def passes_against_the_chain(name: str, run: PairRun, server: str, record_proper
 @pytest.mark.parametrize("name", PAIRS)
 def test_tree_nodes_match_their_plain_paths_as_closely_as_the_chain(name, pair_run, record_property):
     assert passes_against_the_chain(name, pair_run(name), TREE, record_property)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", [n for n in PAIRS if n not in FLIPPING])
+def test_schedule_and_overlap_trees_match_their_plain_paths_as_closely_as_the_chain(name, variant, pair_run,
+                                                                                    record_property):
+    """Issue 45's gates: a scheduled tree (compared over at least two widths) and the tree under the overlap
+    scheduler, held to the tree's rule against the same chain control."""
+    run = pair_run(name)
+    record_property("verify widths compared", run.widths[variant])
+    if scheduled(ready(run.fleet, variant)):
+        assert len(run.widths[variant]) >= 2, run.widths[variant]
+    assert passes_against_the_chain(name, run, variant, record_property)
 
 
 @pytest.mark.parametrize("name", PAIRS)
