@@ -63,7 +63,10 @@ class ServerConfig:
              "--max-total-tokens", str(self.max_total_tokens), "--context-length", "1024",
              "--max-running-requests", str(self.max_bs), *([] if self.radix else ["--disable-radix-cache"]),
              "--enable-metrics", *([] if self.overlap else ["--disable-overlap-schedule"]),
-             "--cuda-graph-backend-prefill", "disabled", "--sleep-on-idle"]
+             "--cuda-graph-backend-prefill", "disabled", "--sleep-on-idle",
+             # SGLang 0.5.23 otherwise picks a free port for its process group at start-up, which a server started
+             # later in the same job then finds taken (H200 2026-12-04: "address already in use" on a fleet port)
+             "--nccl-port", str(port + NCCL_PORT_OFFSET)]
         a += (["--cuda-graph-max-bs-decode", str(self.max_bs)] if self.graphs
               else ["--cuda-graph-backend-decode", "disabled"])
         if self.tp > 1:   # all-reduce through NCCL (the test bed's kernel build carries no custom all-reduce)
@@ -74,6 +77,9 @@ class ServerConfig:
             a += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(pair / self.draft),
                   "--speculative-ddtree-budget", str(self.budget), "--speculative-ddtree-topk-cap", str(self.cap)]
         return a + list(self.extra)
+
+
+NCCL_PORT_OFFSET = 50     # a fleet's servers take base + 0, 2, ... 48; their process groups base + 50 ... 98
 
 
 def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
@@ -308,6 +314,9 @@ class Fleet:
 
     def start(self, names, timeout: float) -> dict[str, bool]:
         fresh = [n for n in names if n not in self.servers]
+        if 2 * (len(self.servers) + len(fresh)) > NCCL_PORT_OFFSET:
+            raise ValueError(f"{len(self.servers) + len(fresh)} servers are too many for one fleet: its ports would "
+                             f"reach its process-group ports (base + {NCCL_PORT_OFFSET}); split them over two fleets")
         for n in fresh:
             port = self.base_port + 2 * len(self.servers)
             self.servers[n] = Server(config(n), port, self.logdir / f"sglang-{n}.log")
