@@ -223,7 +223,7 @@ def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
 
     worker = make_worker_class()
     own = {n for n, v in vars(worker).items() if callable(v) or isinstance(v, staticmethod)}
-    assert own - {n for n in own if n.startswith("_ddtree_")} == OVERRIDES
+    assert own - {"_decode"} == OVERRIDES and not hasattr(DFlashWorkerV2, "_decode")
     for name in OVERRIDES:      # every override exists upstream with the same parameters
         assert inspect.signature(getattr(worker, name)).parameters.keys() == \
             inspect.signature(getattr(DFlashWorkerV2, name)).parameters.keys(), name
@@ -241,6 +241,33 @@ def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
     assert {"sampling_seed", "positions"} <= inspect.signature(sampler.sampling_from_probs_torch).parameters.keys()
 
 
+def worker_reads(module, name: str = "worker") -> set[str]:
+    """The attributes a module's functions read off `name` (the DDTreeWorker: `worker` in the stage modules,
+    `self` in the class)."""
+    import ast
+
+    tree = ast.parse(inspect.getsource(module))
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == name}
+
+
+def test_every_parent_field_the_stages_read_is_dflash_worker_v2s_own():
+    """DFlashWorkerV2.__getattr__ hands any attribute it lacks to the target worker, so a field renamed upstream
+    would be read silently from the wrong object. Every attribute the decode stages and the set-up read off the
+    worker is assigned in DFlashWorkerV2's (or its bases') source, or is one of its methods or properties."""
+    import re
+
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from ddtree.sglang import decode_step, tree_worker, worker_setup
+
+    sources = "\n".join(inspect.getsource(c) for c in DFlashWorkerV2.__mro__ if c.__module__.startswith("sglang"))
+    assigned = set(re.findall(r"self\.(\w+)\s*(?::[^=\n]*)?=(?!=)", sources))
+    read = worker_reads(decode_step) | worker_reads(worker_setup) | (worker_reads(tree_worker, "self") - {"ddtree", "_decode"})
+    missing = {a for a in read if a not in assigned and not hasattr(DFlashWorkerV2, a)}
+    assert read and not missing, missing
+
+
 def test_the_worker_module_is_imported_only_when_the_worker_is_asked_for():
     """ddtree.sglang.worker (the release flag and the factory) imports no SGLang module; the worker
     class lives at module level in ddtree.sglang.tree_worker, which the factory imports."""
@@ -256,8 +283,10 @@ def test_the_worker_decodes_ddtree_in_this_release():
 
     assert worker.DECODE_READY is True
     cls = worker.make_worker_class()
-    for stage in ("_ddtree_draft", "_ddtree_tree", "_ddtree_verify", "_ddtree_verdict", "_ddtree_commit"):
-        assert callable(getattr(cls, stage)), stage
+    step = inspect.getsource(cls._decode)
+    stages = ("plan_step(", "reserve_window(", "draft_candidates(", "narrow_candidates(", "build_tree_from_candidates(",
+              "constrain_to_grammars(", "verify_forward_batch(", "run_verify(", "decide(", "commit(")
+    assert [step.index(s) for s in stages] == sorted(step.index(s) for s in stages)    # each once, in this order
 
 
 def test_target_verify_width_is_budget_plus_one_and_the_draft_keeps_its_block():
@@ -517,11 +546,11 @@ def test_the_worker_reads_the_running_limit_from_the_settings_sglang_fills_befor
     setters = attribute_uses(model_runner.ModelRunner, store=True)
     assert "alloc_memory_pool" in setters and "__init__" not in setters, setters
     assert "schedule.max_running_requests" in inspect.getsource(runtime_context)      # SGLang's own reader
-    from ddtree.sglang import tree_worker
+    from ddtree.sglang import tree_worker, worker_setup
 
-    readers = attribute_uses(tree_worker.DDTreeWorker, store=False)
-    assert readers & {"__init__", "_ddtree_target_widths", "_ddtree_prewarm_trees"} == set(), readers
-    assert "get_schedule().max_running_requests" in inspect.getsource(tree_worker.DDTreeWorker._ddtree_max_running)
+    readers = attribute_uses(tree_worker.DDTreeWorker, store=False) | attribute_uses(worker_setup, store=False)
+    assert readers & {"__init__", "init_cuda_graphs", "target_widths", "prewarm_trees"} == set(), readers
+    assert "get_schedule().max_running_requests" in inspect.getsource(worker_setup.max_running)
 
 
 def test_the_schedules_width_states_are_built_after_the_targets_graphs():
@@ -549,5 +578,5 @@ def test_the_schedules_width_states_are_built_after_the_targets_graphs():
                and isinstance(node.ctx, ast.Store)}
     assert "init_cuda_graphs" in setters and "__init__" not in setters, setters
     worker = inspect.getsource(tree_worker.DDTreeWorker.init_cuda_graphs)
-    assert worker.index("super().init_cuda_graphs()") < worker.index("self._ddtree_target_widths()")
-    assert "_ddtree_target_widths()" not in inspect.getsource(tree_worker.DDTreeWorker.__init__)
+    assert worker.index("super().init_cuda_graphs()") < worker.index("target_widths(")
+    assert "target_widths(" not in inspect.getsource(tree_worker.DDTreeWorker.__init__)

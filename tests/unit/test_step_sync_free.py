@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ddtree"
-STEP_MODULES = ["sglang/tree_worker.py", "sglang/glue.py", "sglang/head.py", "sglang/seeded.py",
+STEP_MODULES = ["sglang/tree_worker.py", "sglang/decode_step.py", "sglang/glue.py", "sglang/head.py", "sglang/seeded.py",
                 "sglang/penalty_state.py", "sglang/verdict.py", "sglang/widths.py", "penalties.py", "verify.py", "tree.py", "types.py",
                 "_checks.py", "backend.py", "_triton.py"]
 SYNCING = {"item", "tolist", "cpu", "numpy", "synchronize"}

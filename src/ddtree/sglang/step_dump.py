@@ -112,6 +112,17 @@ class StepDump:
         return path
 
 
+def dump_step(dump: StepDump, target_runner, batch, tree: DraftTree, logits: torch.Tensor,
+              prefix_lens: torch.Tensor) -> None:
+    """One decode step written: its trees, verify logits [bs * N, V] and each request's prefix KV (read from the
+    target's pool by req_to_token ids)."""
+    if target_runner.kv_index_translator.needs_read_translate:                        # a property
+        raise RuntimeError("SGLANG_DDTREE_DUMP reads the KV pool by req_to_token ids: this pool translates "
+                           "them (sliding window or a moving pool); unset it")
+    rows = target_runner.req_to_token_pool.req_to_token[batch.req_pool_indices]            # [bs, W]
+    dump.write(batch.reqs, tree, logits, prefix_lens, rows, target_runner.token_to_kv_pool)
+
+
 def announce(diagnostics: Diagnostics) -> None:
     """Say loudly at start-up what is on: a dump slows every step; a fault makes answers wrong."""
     if diagnostics.dump_dir is not None:
