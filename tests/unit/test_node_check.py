@@ -210,3 +210,30 @@ def test_diagnostics_switches_name_a_bad_value(env, problem):
 def test_diagnostics_are_off_by_default():
     d = Diagnostics.from_switches(switches.read({}))
     assert not d.active and d.dump_dir is None and d.fault is None
+
+
+# --- the GPU test's record handling (tests/gpu_sglang/test_node_logits.py), on made-up records ------------------
+
+def made_up(rid: str, prefix: int, width: int, token_ids=()) -> nc.DumpedRequest:
+    return nc.DumpedRequest(rid=rid, step=0, token_ids=list(token_ids), prefix=prefix, tree_tokens=[7] * width,
+                            parents=[-1] * width, depths=[0] * width, num_nodes=width, logits=torch.zeros(width, 4))
+
+
+def test_records_take_the_answers_tokens_and_steps_past_the_answer_are_left_out():
+    from tests.gpu_sglang.test_node_logits import answered
+
+    lagging = [made_up("a", 3, 4, [1, 2, 3]), made_up("a", 5, 4, [1, 2, 3, 4]), made_up("a", 6, 4, [1, 2, 3, 4]),
+               made_up("b", 2, 4, [9, 9])]
+    got = answered(lagging, {"a": [1, 2, 3, 4, 5, 6]})
+    assert [(r.rid, r.prefix, r.token_ids) for r in got] == [
+        ("a", 3, [1, 2, 3, 4, 5, 6]), ("a", 5, [1, 2, 3, 4, 5, 6]), ("b", 2, [9, 9])]   # prefix 6: past the answer
+
+
+def test_records_are_spread_over_every_width_met():
+    from tests.gpu_sglang.test_node_logits import spread_over_widths
+
+    records = [made_up("w65", i, 65) for i in range(30)] + [made_up("w9", i, 9) for i in range(5)] + [made_up("w33", 0, 33)]
+    chosen = spread_over_widths(records, 24)
+    assert len(chosen) == 24 and {len(r.tree_tokens) for r in chosen} == {9, 33, 65}
+    assert [len(r.tree_tokens) for r in chosen[:3]] == [9, 33, 65]
+    assert spread_over_widths(records[:30], 24) == records[:24]          # one width: the first, in order
