@@ -11,6 +11,11 @@ A parting passes when
   past one bf16 step, H200 2026-12-02).
 Anything else is a real difference. The same NEAR_TIE bounds both the bf16 and the float32 gap.
 
+With penalties (`processed_referee`) the referee applies the request's penalties to the float32 logits as SGLang's
+penalizers define them (`penalised`), so a parting under a penalised request is judged by the penalised float32
+model: a penalty counted wrong moves a logit by the penalty itself (0.3-0.8 nats in the tests), which no rounding
+covers.
+
 Nothing here imports torch or SGLang at import time: the judgement is checked on the CPU
 (tests/reference/test_referee.py), the GPU tests build the referee on the device.
 """
@@ -118,6 +123,41 @@ def target_referee(target, device: str) -> Referee:
         with torch.no_grad():
             logits = target.forward_sequence(torch.tensor([context], device=device)).logits[0, -1]   # [V]
         return torch.log_softmax(logits.float(), -1)
+    return Referee(logprobs)
+
+
+def penalised(logits, output: list[int], sampling: dict):
+    """A request's penalties on float32 next-token logits [V] after `output` (its answer so far), as SGLang 0.5.23's
+    penalizers define them over the output: frequency (minus frequency x count), presence (minus presence once),
+    min_new_tokens (the request's stop_token_ids at -inf while the output is shorter), then repetition (a token in
+    the output: its logit divided by the penalty if positive, multiplied if negative) - additive first, then
+    scaling, SGLang's speculative order (the referee is for order-free combinations). Returns log-probs [V]."""
+    import torch
+
+    logits = logits.float().clone()
+    counts = torch.bincount(torch.tensor(output, dtype=torch.int64, device=logits.device),
+                            minlength=logits.numel())[: logits.numel()].float()                 # [V]
+    logits -= float(sampling.get("frequency_penalty", 0.0)) * counts
+    logits -= float(sampling.get("presence_penalty", 0.0)) * (counts > 0).float()
+    if len(output) < int(sampling.get("min_new_tokens", 0) or 0):
+        logits[list(sampling.get("stop_token_ids") or [])] = float("-inf")
+    repetition = float(sampling.get("repetition_penalty", 1.0))
+    if repetition != 1.0:
+        seen = counts > 0
+        scaled = torch.where(logits < 0, logits * repetition, logits / repetition)
+        logits = torch.where(seen, scaled, logits)
+    return torch.log_softmax(logits, -1)
+
+
+def processed_referee(target, device: str, prompt_len: int, sampling: dict) -> Referee:
+    """A Referee over a reference TargetLM in float32 with one request's penalties applied (penalised): context =
+    prompt (its first prompt_len tokens) + the answer so far."""
+    import torch
+
+    def logprobs(context: list[int]):
+        with torch.no_grad():
+            logits = target.forward_sequence(torch.tensor([context], device=device)).logits[0, -1]   # [V]
+        return penalised(logits, context[prompt_len:], sampling)
     return Referee(logprobs)
 
 

@@ -250,3 +250,32 @@ def test_repetition_with_an_additive_penalty_depends_on_the_order_and_ddtree_tak
     assert none_decode(PROMPTS, settings, 24, repetition_first=True) != additive_first
     got, _ = ddtree_decode(PROMPTS, settings, 24)
     assert got == additive_first
+
+
+# --- the GPU tests' float32 referee for penalised partings (tests/gpu_sglang/referee.py penalised) ------------------
+
+@pytest.mark.parametrize("settings", [{"frequency": 0.6}, {"presence": 0.8}, {"repetition": 1.3}, {"min_new": 6},
+                                      {"frequency": 0.3, "presence": 0.3}, {"repetition": 1.1, "min_new": 6},
+                                      {"frequency": 0.3, "presence": 0.3, "repetition": 1.1}])
+def test_the_referees_penalties_are_sglangs(settings):
+    """The referee's penalties on float32 logits equal SGLang's own orchestrator's (fed the same output, applied in
+    its speculative order), for every penalty the GPU test sends; a referee that dropped one would pass a wrong
+    per-node penalty, so a mismatch here fails."""
+    from tests.gpu_sglang.referee import penalised
+
+    sampling = {"frequency_penalty": settings.get("frequency", 0.0), "presence_penalty": settings.get("presence", 0.0),
+                "repetition_penalty": settings.get("repetition", 1.0), "min_new_tokens": settings.get("min_new", 0),
+                "stop_token_ids": [EOS]}
+    g = torch.Generator().manual_seed(5)
+    for length in (0, 3, 9):
+        output = torch.randint(0, VOCAB, (length,), generator=g).tolist()
+        logits = torch.randn(VOCAB, generator=g) * 3
+        orch = orchestrator([settings])
+        for token in output:
+            orch.cumulate_output_tokens(torch.tensor([token]))
+        theirs = logits[None].clone()
+        orch.apply(theirs, repeat=1)
+        ours = penalised(logits, output, sampling)
+        assert torch.allclose(ours, torch.log_softmax(theirs[0], -1), atol=1e-5), (settings, length)
+        if length:                                   # the penalty acts: the referee without it answers otherwise
+            assert not torch.allclose(ours, torch.log_softmax(logits, -1), atol=1e-3) or settings == {"min_new": 6}
