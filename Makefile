@@ -98,7 +98,7 @@ sglang-venv: $(SGLANG_VENV)/.ready
 	$(SGLANG_VENV)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" || true
 
 # The pinned SGLang Model Gateway (smg, a Rust router in a wheel) in its own venv:
-# tests/serve/test_gateway.py starts tools/k26_gateway.py in front of two ddtree-serve processes.
+# tests/serve/test_gateway.py starts roles/gateway/files/k26_gateway.py in front of two ddtree-serve processes.
 $(GATEWAY_VENV)/.ready:
 	@echo ">> creating gateway venv $(GATEWAY_VENV)"
 	rm -rf $(GATEWAY_VENV)

@@ -27,7 +27,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "roles/verify/files/k26_client.py"
-GATEWAY_TOOL = ROOT / "tools/k26_gateway.py"
+GATEWAY_TOOL = ROOT / "roles/gateway/files/k26_gateway.py"
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 # (call name, task file, task name): every place a playbook runs a client against a server

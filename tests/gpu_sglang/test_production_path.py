@@ -8,7 +8,7 @@ cap 4). Each is started with exactly its rendered ExecStart, in its WorkingDirec
 environment of its EnvironmentFiles plus testbed.yml's additions; then every client the playbooks
 run is run against it, unchanged (tests/playbook_clients.py renders them from their task files):
 the deploy's health + smoke, validate's client and tools/validate_report.py, the sweep's client and
-tools/sweep_report.py, the JIT warm-up, and smg (tools/k26_gateway.py from its pinned wheel) in
+tools/sweep_report.py, the JIT warm-up, and smg (roles/gateway/files/k26_gateway.py from its pinned wheel) in
 front of the two DDTREE servers: status, probe, take-out and put-back under load.
 What systemd itself adds (User=, the sandboxing directives, DeviceAllow) does not run here.
 Run by tests/gpu_sglang/run.sh --production (which trains and exports the pair first).

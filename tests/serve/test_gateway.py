@@ -1,4 +1,4 @@
-"""The fleet gateway (tools/k26_gateway.py: the pinned SGLang Model Gateway, smg)
+"""The fleet gateway (roles/gateway/files/k26_gateway.py: the pinned SGLang Model Gateway, smg)
 in front of two real ddtree-serve processes on loopback.
 
 The gateway runs from a venv made of requirements/gateway.txt (`make test` builds it and sets
@@ -24,7 +24,7 @@ from tests import playbook_clients as pc
 from .conftest import API_KEY, free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools/k26_gateway.py"
+SCRIPT = ROOT / "roles/gateway/files/k26_gateway.py"
 ADMIN_KEY = "admin-key-not-secret-either"
 NEXT_KEY = "next-key-listed-ahead-of-a-rotation"   # the gateway accepts it, no worker takes it yet
 

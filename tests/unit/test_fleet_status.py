@@ -1,4 +1,4 @@
-"""tools/k26_fleet_status.py's rows and table from Prometheus query results (the live command runs
+"""roles/monitoring/files/k26_fleet_status.py's rows and table from Prometheus query results (the live command runs
 against the sandbox's Prometheus in tests/infra/test_monitoring.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("k26_fleet_status", ROOT / "tools/k26_fleet_status.py")
+_spec = importlib.util.spec_from_file_location("k26_fleet_status", ROOT / "roles/monitoring/files/k26_fleet_status.py")
 status = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("k26_fleet_status", status)
 _spec.loader.exec_module(status)
@@ -55,6 +55,6 @@ def test_the_table_is_one_line_per_host():
 
 
 def test_an_unreachable_prometheus_is_a_clear_error():
-    p = subprocess.run([sys.executable, str(ROOT / "tools/k26_fleet_status.py"), "--prometheus", "http://127.0.0.1:9"],
+    p = subprocess.run([sys.executable, str(ROOT / "roles/monitoring/files/k26_fleet_status.py"), "--prometheus", "http://127.0.0.1:9"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "cannot read Prometheus at http://127.0.0.1:9" in p.stderr and "ssh -L" in p.stderr

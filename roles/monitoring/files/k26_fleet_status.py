@@ -7,7 +7,7 @@ temperatures, and the alerts firing on it.
 
 On the monitor host (the monitoring role installs it as /usr/local/bin/k26-fleet-status), or from
 the repository on a controller through a tunnel: ssh -fN -L 9090:127.0.0.1:9090 MONITOR_HOST, then
-python3 tools/k26_fleet_status.py.
+python3 roles/monitoring/files/k26_fleet_status.py.
 Standard library only (the monitor host's python3).
 """
 

@@ -1,0 +1,51 @@
+"""Programs live in one place per kind (docs/architecture.md "Where programs live"; issue 46): a role installs only
+programs from its own files/, nothing under tools/ is installed on a host, and no bench script imports a test
+module."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def role_program_sources() -> list[tuple[str, str]]:
+    """(task file, source) for every .py a role's task copies, runs or defaults to."""
+    found = []
+    for path in sorted((ROOT / "roles").glob("*/*/*.yml")):
+        if path.parent.name not in ("tasks", "defaults"):
+            continue
+        for m in re.finditer(r"([\w{}./ |'\"-]*?\b[\w-]+\.py)\b", path.read_text()):
+            text = m.group(1).strip(" '\"")
+            if "/usr/" in text or "/opt/" in text or "bin/" in text.split("files/")[0] or text.startswith("#"):
+                continue                                      # a path on the host, not a source
+            if "tests/" in text or "tools/sweep_report.py" in text:
+                continue                                      # named in a comment
+            found.append((str(path.relative_to(ROOT)), text))
+    return found
+
+
+def test_roles_install_programs_only_from_their_own_files():
+    sources = role_program_sources()
+    assert sources, "no program source found: the scan is broken"
+    outside = [(task, src) for task, src in sources
+               if "../" in src or src.startswith("tools/")
+               or not (ROOT / "roles" / task.split("/")[1] / "files" / Path(src).name).exists()]
+    assert outside == [], outside
+
+
+def test_nothing_under_tools_is_installed_on_a_host():
+    tasks = "\n".join(p.read_text() for p in (ROOT / "roles").glob("*/*/*.yml"))
+    assert not re.search(r"(src|dest|cmd|argv).*\btools/", tasks)
+
+
+def test_no_bench_script_imports_a_test_module():
+    importers = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            importers += [(path.name, n) for n in names if n == "tests" or n.startswith("tests.")]
+    assert importers == [], importers
