@@ -39,6 +39,7 @@ VALIDATE = ("validate", "playbooks/tasks/validate_one.yml", "Run the prompt set 
 SWEEP = ("sweep", "playbooks/tasks/sweep_one.yml", "Run the prompt set")
 GATEWAY_STATUS = ("gateway: pool status", "roles/gateway/tasks/verify.yml",
                   "Wait until every k26 host is healthy, ready and takes the gateway's key in its pool")
+GATEWAY_HEALTH = ("gateway: health", "roles/gateway/tasks/configure.yml", "Wait until the gateway answers /health")
 GATEWAY_PROBE = ("gateway: probe", "roles/gateway/tasks/verify.yml",
                  "Send completions through the gateway (the clients' key is read from its file on the host)")
 GATEWAY_TAKE_OUT = ("gateway: take-out", "roles/gateway/tasks/take_out.yml",
@@ -49,8 +50,8 @@ GATEWAY_POOL_AS_LEFT = ("gateway: pool as an earlier run left it", "playbooks/de
                         "Read the pool as an earlier run left it")
 JIT_WARMUP = ("gpu_host: JIT warm-up", "roles/gpu_host/tasks/warmup.yml",
               "Build the plugin's JIT kernels as the service user (cached under the state directory)")
-ALL_TASKS = (VERIFY_MODEL_INFO, VERIFY_SMOKE, VALIDATE, SWEEP, GATEWAY_STATUS, GATEWAY_PROBE, GATEWAY_TAKE_OUT,
-             GATEWAY_PUT_BACK, GATEWAY_POOL_AS_LEFT, JIT_WARMUP)
+ALL_TASKS = (VERIFY_MODEL_INFO, VERIFY_SMOKE, VALIDATE, SWEEP, GATEWAY_STATUS, GATEWAY_HEALTH, GATEWAY_PROBE,
+             GATEWAY_TAKE_OUT, GATEWAY_PUT_BACK, GATEWAY_POOL_AS_LEFT, JIT_WARMUP)
 
 
 @dataclass(frozen=True)
@@ -166,10 +167,11 @@ def server_calls(site: Site, algorithm: str) -> list[ClientCall]:
 
 
 def gateway_calls(site: Site, worker_url: str) -> dict[str, ClientCall]:
-    """The gateway role's commands (status, probe) and the pool's (take-out, put-back of worker_url)."""
+    """The gateway role's commands (status, health, probe) and the pool's (take-out, put-back of worker_url)."""
     values = {**base_variables(site), "k26_gateway_worker_url": worker_url}
-    return {spec[0]: render_call(spec, site, values) for spec in (GATEWAY_STATUS, GATEWAY_PROBE, GATEWAY_TAKE_OUT,
-                                                                   GATEWAY_PUT_BACK, GATEWAY_POOL_AS_LEFT)}
+    return {spec[0]: render_call(spec, site, values) for spec in (GATEWAY_STATUS, GATEWAY_HEALTH, GATEWAY_PROBE,
+                                                                   GATEWAY_TAKE_OUT, GATEWAY_PUT_BACK,
+                                                                   GATEWAY_POOL_AS_LEFT)}
 
 
 def warmup_call(site: Site) -> ClientCall:

@@ -92,6 +92,12 @@ MALFORMED = [
     ("k26_gateway_listen", "0.0.0.0 --x", "expected an IPv4 or IPv6 address"),
     ("k26_gateway_admin_key", "key with spaces 123456", "expected up to 256 characters"),
     ("k26_gateway_user", "Root", "expected a user or group name"),
+    # TLS in front of the gateway (issue 47): PEM text of the right kind, or empty
+    ("k26_gateway_tls_cert", "/etc/ssl/gateway.crt", "expected PEM text of CERTIFICATE blocks"),
+    ("k26_gateway_tls_cert", "-----BEGIN PRIVATE KEY-----\nQUJD\n-----END PRIVATE KEY-----\n",
+     "expected PEM text of CERTIFICATE blocks"),
+    ("k26_gateway_tls_key", "-----BEGIN CERTIFICATE-----\nQUJD\n-----END CERTIFICATE-----\n",
+     "expected PEM text of PRIVATE KEY blocks"),
     # the key rotation (issue 29): neither key is shown
     ("k26_api_key_previous", "old key with spaces 1234", "expected up to 256 characters"),
     ("k26_extra_args", ["--previous-api-key K"], "--previous-api-key is set by the roles from k26_api_key_previous"),
@@ -132,7 +138,7 @@ def test_a_malformed_value_is_named_with_its_value_and_fix(name, value, why):
     errors = k26_inputs.k26_input_errors({name: value}, SPEC)
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"{name}=") and " is invalid: " in errors[0] and why in errors[0], errors[0]
-    if name in ("k26_api_key", "k26_api_key_previous", "k26_gateway_api_keys", "k26_alert_webhooks"):
+    if name in ("k26_api_key", "k26_api_key_previous", "k26_gateway_api_keys", "k26_alert_webhooks", "k26_gateway_tls_key"):
         shown_items = value if isinstance(value, list) else [value]
         assert not any(str(v) in errors[0] for v in shown_items if v) and "<not shown>" in errors[0]
     assert errors[0].rstrip().split("; ")[-1], "no fix given"
@@ -212,3 +218,12 @@ def test_the_playbook_templates_quote_or_cast_what_they_paste_into_command_lines
 def test_a_sweep_without_references_and_a_short_health_wait_pass():
     """-e sweep_references=[] (DDTREE only) and k26_health_timeout=5 (the sandbox tests) are valid."""
     assert k26_inputs.k26_input_errors({"sweep_references": [], "k26_health_timeout": 5}, SPEC) == []
+
+
+def test_a_pem_certificate_and_key_pass_and_empty_means_no_tls(tmp_path):
+    from tests.helpers import self_signed
+
+    cert, key = self_signed(tmp_path)
+    good = {"k26_gateway_tls_cert": cert.read_text(), "k26_gateway_tls_key": key.read_text()}
+    assert k26_inputs.k26_input_errors(good, SPEC) == []
+    assert k26_inputs.k26_input_errors({"k26_gateway_tls_cert": "", "k26_gateway_tls_key": ""}, SPEC) == []

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import ssl
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ import httpx
 import pytest
 
 from tests import playbook_clients as pc
+from tests.helpers import self_signed
 
 from .conftest import API_KEY, free_port, start_server
 
@@ -93,7 +96,7 @@ LOADED_MACHINE_BOUND = 60      # s: the health checks' 2 s, run late on a loaded
 
 
 class Fleet:
-    def __init__(self, tmp: Path, pair_dir: Path):
+    def __init__(self, tmp: Path, pair_dir: Path, tls: tuple[Path, Path] | None = None):
         python = os.environ.get("K26_GATEWAY_PYTHON")
         if not python:
             pytest.skip("K26_GATEWAY_PYTHON (the gateway venv's python) is not set: `make test` builds and sets it")
@@ -107,12 +110,14 @@ class Fleet:
             "client_keys": [API_KEY, NEXT_KEY],
             "admin_key": ADMIN_KEY, "policy": "round_robin", "metrics_port": free_port(),
             "health": {"interval_secs": HEALTH_INTERVAL, "failure_threshold": FAILURES, "success_threshold": 1,
-                       "timeout_secs": 2}}))
+                       "timeout_secs": 2},
+            **({"tls_cert_file": str(tls[0]), "tls_key_file": str(tls[1])} if tls else {})}))
         self.log = tmp / "gateway.log"
         self.python = python
         self.proc = subprocess.Popen([python, str(SCRIPT), "serve", "--config", str(self.config)],
                                      stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.verify = ssl.create_default_context(cafile=str(tls[0])) if tls else True
         self.wait(lambda: len(self.status()) == 2 and all(w["healthy"] for w in self.status()), 90, "gateway ready")
 
     def pool(self, *args: str) -> subprocess.CompletedProcess:
@@ -136,7 +141,7 @@ class Fleet:
     def complete(self, key: str | None = API_KEY) -> httpx.Response:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         model = str(self.workers[0].pair_dir / "target")
-        return httpx.post(self.url + "/v1/completions", headers=headers, timeout=60,
+        return httpx.post(self.url + "/v1/completions", headers=headers, timeout=60, verify=self.verify,
                           json={"model": model, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
 
     def stop(self) -> None:
@@ -325,3 +330,44 @@ def test_a_worker_taken_out_and_not_put_back_is_reported_out_with_who_took_it_ou
     assert pool("put-back", url).returncode == 0
     assert not [w for w in json.loads(pool("status").stdout) if w["status"] == "out"]
     assert not list(record.iterdir())
+
+
+# --- TLS in front of the gateway (issue 47) --------------------------------------------------------------------
+
+def test_a_tls_pair_is_both_or_neither_and_must_match(tmp_path):
+    mod = gateway_module()
+    cert, key = self_signed(tmp_path / "a")
+    other_cert, _ = self_signed(tmp_path / "b", "other.test")
+    good = mod.parse_config({**GOOD, "tls_cert_file": str(cert), "tls_key_file": str(key)})
+    assert good.url.startswith("https://127.0.0.1:") and good.client_context() is not None
+    assert mod.parse_config(GOOD).client_context() is None
+    cases = [({"tls_cert_file": str(cert)}, "tls_key_file=None is invalid: expected the absolute path"),
+             ({"tls_cert_file": "cert.pem", "tls_key_file": str(key)}, "tls_cert_file='cert.pem' is invalid"),
+             ({"tls_cert_file": str(other_cert), "tls_key_file": str(key)}, "are not a certificate and its key"),
+             ({"tls_cert_file": str(tmp_path / "none.pem"), "tls_key_file": str(key)}, "cannot be read")]
+    for change, message in cases:
+        with pytest.raises(mod.GatewayConfigError, match=re.escape(message)):
+            mod.parse_config({**GOOD, **change})
+
+
+@pytest.fixture(scope="module")
+def tls_fleet(tmp_path_factory, pair_dir):
+    tmp = tmp_path_factory.mktemp("tls-fleet")
+    f = Fleet(tmp, pair_dir, tls=self_signed(tmp / "tls"))
+    yield f
+    f.stop()
+
+
+def test_over_tls_clients_that_trust_the_certificate_are_served_and_plain_http_is_not(tls_fleet):
+    """smg serves the gateway's port over TLS with the file's certificate; the tool's own calls (the fleet's
+    readiness wait above used `pool status`; `health` here) reach it over TLS on the loopback."""
+    answer = tls_fleet.complete()
+    assert answer.status_code == 200, answer.text
+    assert tls_fleet.complete(key="not-a-listed-key-0000").status_code == 401
+    with pytest.raises(httpx.ConnectError):                  # a client that does not trust the certificate
+        httpx.get(tls_fleet.url + "/health", timeout=10)
+    with pytest.raises(httpx.HTTPError):                     # plain HTTP on the TLS port gets no HTTP answer
+        httpx.get(tls_fleet.url.replace("https://", "http://") + "/health", timeout=10)
+    health = subprocess.run([tls_fleet.python, str(SCRIPT), "health", "--config", str(tls_fleet.config),
+                             "--timeout", "30"], capture_output=True, text=True, timeout=60)
+    assert health.returncode == 0 and "https://127.0.0.1" in health.stdout, health.stderr

@@ -13,6 +13,9 @@
         and then drops it; this waits until it is gone (so nothing is routed to it any more).
     k26_gateway.py pool --config FILE put-back URL [--timeout S]
         POST /workers, then wait until the worker is healthy and ready.
+    k26_gateway.py health --config FILE [--timeout S]
+        wait until the gateway's own /health answers 200 (over TLS when the file sets it, the served
+        certificate pinned); exit 1 at the timeout
     k26_gateway.py probe --config FILE --model NAME [--requests N]
         N completions through the gateway with the clients' key from the file (never on the command
         line); prints how many answered and fails unless all did with text.
@@ -40,6 +43,10 @@ they already list the next key (README: key rotation).
              endpoint: /health}
     request_timeout_secs: 1800
     metrics_port: 29000         smg's Prometheus metrics, on the same address as `host`
+    tls_cert_file: /etc/k26-gateway/tls/cert.pem   (both or neither) smg serves clients over TLS with
+    tls_key_file: /etc/k26-gateway/tls/key.pem      this certificate (PEM, its chain after it) and key;
+                                the tool's own calls to the gateway (pool, health, probe) go to the
+                                loopback over TLS and accept exactly this certificate
 Only the standard library and smg (serve) are imported: a gateway host has no torch.
 """
 
@@ -47,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import threading
 import time
@@ -93,6 +101,8 @@ class GatewayConfig:
     health: Health = Health()
     request_timeout_secs: int = 1800
     metrics_port: int = 29000
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     @property
     def accepted(self) -> tuple[str, ...]:
@@ -102,7 +112,18 @@ class GatewayConfig:
     @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls_cert_file else 'http'}://{host}:{self.port}"
+
+    def client_context(self) -> ssl.SSLContext | None:
+        """The tool's TLS context for its own calls to this gateway: the served certificate is the trust anchor
+        (a self-signed one, or a leaf of any CA: partial chains accepted) and the name is not checked - the call
+        goes to this host's own address, which the certificate need not name. None without TLS."""
+        if not self.tls_cert_file:
+            return None
+        context = ssl.create_default_context(cafile=self.tls_cert_file)
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        context.check_hostname = False
+        return context
 
 
 def _fail(name: str, value, why: str) -> GatewayConfigError:
@@ -152,7 +173,7 @@ def parse_config(raw: dict) -> GatewayConfig:
     if not isinstance(raw, dict):
         raise _fail("config", type(raw).__name__, "expected a mapping of settings")
     unknown = sorted(set(raw) - {"host", "port", "workers", "api_key", "admin_key", "client_keys", "policy", "health",
-                                 "request_timeout_secs", "metrics_port"})
+                                 "request_timeout_secs", "metrics_port", "tls_cert_file", "tls_key_file"})
     if unknown:
         raise _fail(unknown[0], raw[unknown[0]], "not a gateway setting (a typo?)")
     workers = raw.get("workers")
@@ -181,10 +202,33 @@ def parse_config(raw: dict) -> GatewayConfig:
     client_keys = _client_keys(raw, api_key)
     if admin_key in client_keys:
         raise _fail("admin_key", admin_key, "must differ from the clients' keys (clients must not drive the worker API)")
+    cert, key = _tls_pair(raw)
     return GatewayConfig(host=host, port=_int(raw, "port", 30080, 1, 65535), workers=urls, api_key=api_key,
                          admin_key=admin_key, client_keys=client_keys, policy=policy, health=health,
                          request_timeout_secs=_int(raw, "request_timeout_secs", 1800, 1, 86400),
-                         metrics_port=_int(raw, "metrics_port", 29000, 1, 65535))
+                         metrics_port=_int(raw, "metrics_port", 29000, 1, 65535), tls_cert_file=cert,
+                         tls_key_file=key)
+
+
+def _tls_pair(raw: dict) -> tuple[str | None, str | None]:
+    """tls_cert_file and tls_key_file: both or neither, absolute paths of a PEM certificate and its key that load
+    together (what smg would fail on at its start is named here, before the file replaces the old one)."""
+    cert, key = raw.get("tls_cert_file"), raw.get("tls_key_file")
+    if cert is None and key is None:
+        return None, None
+    for name, value in (("tls_cert_file", cert), ("tls_key_file", key)):
+        if not isinstance(value, str) or not value.startswith("/"):
+            raise _fail(name, value, "expected the absolute path of a PEM file (set both tls_cert_file and "
+                                     "tls_key_file, or neither)")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except ssl.SSLError as err:                  # before OSError: SSLError is one
+        raise _fail("tls_cert_file", cert, f"and tls_key_file={key!r} are not a certificate and its key in PEM "
+                                           f"({err.reason or err}): give the certificate that matches the key") from None
+    except OSError as err:
+        raise _fail("tls_cert_file", cert, f"cannot be read with tls_key_file={key!r} ({err.strerror or err}): the "
+                                           "gateway role writes both, the key 0640 root:<gateway group>") from None
+    return cert, key
 
 
 def load_config(path: str) -> GatewayConfig:
@@ -237,6 +281,7 @@ def router_args(cfg: GatewayConfig):
                       request_timeout_secs=cfg.request_timeout_secs,
                       # smg's own default is 0.0.0.0:29000: bound to the gateway's address instead
                       prometheus_host=cfg.host, prometheus_port=cfg.metrics_port,
+                      server_cert_path=cfg.tls_cert_file, server_key_path=cfg.tls_key_file,
                       disable_tokenizer_autoload=True)
 
 
@@ -312,7 +357,7 @@ class Pool:
                                      headers={"Authorization": f"Bearer {self.cfg.admin_key}",
                                               "content-type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=10, context=self.cfg.client_context()) as r:
                 return json.loads(r.read() or b"{}")
         except urllib.error.HTTPError as err:
             raise GatewayHTTPError(method, path, err.code, err.read().decode(errors="replace")) from None
@@ -427,12 +472,31 @@ def probe(cfg: GatewayConfig, model: str, requests: int, timeout: float = 60) ->
                                      headers={"Authorization": f"Bearer {cfg.api_key}",
                                               "content-type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with urllib.request.urlopen(req, timeout=timeout, context=cfg.client_context()) as r:
                 text = json.loads(r.read())["choices"][0].get("text")
             answered += isinstance(text, str)
         except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as err:
             errors.append(f"{type(err).__name__}: {getattr(err, 'code', '')} {str(err)[:200]}")
     return {"sent": requests, "answered": answered, "errors": errors[:3]}
+
+
+def wait_healthy(cfg: GatewayConfig, timeout: float, sleep=time.sleep, clock=time.monotonic) -> str:
+    """Poll the gateway's own /health until it answers 200; the last error at the timeout."""
+    deadline, last = clock() + timeout, "no answer yet"
+    while True:
+        try:
+            with urllib.request.urlopen(cfg.url + "/health", timeout=5, context=cfg.client_context()) as r:
+                if r.status == 200:
+                    return f"{cfg.url}/health answers 200"
+                last = f"status {r.status}"
+        except urllib.error.HTTPError as err:
+            last = f"status {err.code}"
+        except (urllib.error.URLError, OSError) as err:
+            last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
+        if clock() >= deadline:
+            raise TimeoutError(f"{cfg.url}/health did not answer 200 within {timeout:g} s (last: {last}); the "
+                               "gateway's journal says why: journalctl -u k26-gateway")
+        sleep(1)
 
 
 def main(argv=None) -> int:
@@ -450,6 +514,9 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--record", help="folder remembering workers taken out until put back (the gateway role's)")
     p.add_argument("--reason", default="taken out", help="who takes the worker out, kept in --record")
+    h = sub.add_parser("health", help="wait until the gateway's own /health answers 200")
+    h.add_argument("--config", required=True)
+    h.add_argument("--timeout", type=float, default=120)
     q = sub.add_parser("probe", help="completions through the gateway with the clients' key")
     q.add_argument("--config", required=True)
     q.add_argument("--model", required=True)
@@ -461,7 +528,11 @@ def main(argv=None) -> int:
             serve(cfg)
             return 0
         if args.command == "check":
-            print(f"{args.config}: {len(cfg.workers)} workers, policy {cfg.policy}, port {cfg.port}")
+            print(f"{args.config}: {len(cfg.workers)} workers, policy {cfg.policy}, port {cfg.port}, "
+                  f"{'TLS' if cfg.tls_cert_file else 'plain HTTP'}")
+            return 0
+        if args.command == "health":
+            print(wait_healthy(cfg, args.timeout))
             return 0
         if args.command == "probe":
             result = probe(cfg, args.model, args.requests)

@@ -309,6 +309,19 @@ def _api_keys(value, rule: Mapping) -> str | None:
     return "a key is listed twice" if len(set(value)) != len(value) else None
 
 
+def _pem(value, rule: Mapping) -> str | None:
+    """Empty (off), or PEM text holding one or more blocks of rule["pem"] (CERTIFICATE, or PRIVATE KEY for any key
+    type); whether a certificate and a key belong together is checked on the gateway host (k26_gateway.py check)."""
+    if value == "":
+        return None
+    label = rule.get("pem", "CERTIFICATE")
+    blocks = re.findall(r"-----BEGIN ([A-Z ]+)-----\n[A-Za-z0-9+/=\n]+-----END \1-----", value) \
+        if isinstance(value, str) else []
+    if not blocks or not all(label in b for b in blocks) or len(value) > 65536:
+        return f"expected PEM text of {label} blocks (-----BEGIN {label}-----...), or empty for no TLS"
+    return None
+
+
 def _apt_source(value, rule: Mapping) -> str | None:
     """{} or a deb822 source: name, uris (https:// or file:///), suites, components (words), signed_by
     (an absolute key path or an https URL), optional trusted (the sandbox's local repository only)."""
@@ -346,7 +359,7 @@ CHECKS: dict[str, Callable] = {
     "unix_name": _pattern(UNIX_NAME, "a user or group name (a-z, 0-9, _ and -, starting with a letter or _)"),
     "version": _pattern(VERSION, "a version such as 580.0"),
     "apt_pin": _pattern(APT_PIN, "a package pinned as name=version, e.g. nvidia-open=580.95.05-1"),
-    "apt_source": _apt_source,
+    "apt_source": _apt_source, "pem": _pem,
     "duration": _pattern(DURATION, "a duration of one number and one unit (ms, s, m, h, d, w, y), e.g. 15s or 30d"),
     "webhook": _pattern(WEBHOOK, "an http(s) URL (http(s)://HOST[:PORT][/PATH], no spaces or quotes)"),
     "word": _pattern(SAFE_WORD, "one word of letters, digits and ._:/,=@+-"),
