@@ -40,6 +40,9 @@ SWEEP = ("sweep", "playbooks/tasks/sweep_one.yml", "Run the prompt set")
 GATEWAY_STATUS = ("gateway: pool status", "roles/gateway/tasks/verify.yml",
                   "Wait until every k26 host is healthy, ready and takes the gateway's key in its pool")
 GATEWAY_HEALTH = ("gateway: health", "roles/gateway/tasks/configure.yml", "Wait until the gateway answers /health")
+# reads two files on the gateway host and calls no server (listed so the scan below stays exact)
+GATEWAY_CHECK_TLS = ("gateway: check-tls", "roles/gateway/tasks/configure.yml",
+                     "Check that the TLS certificate and key belong together")
 GATEWAY_PROBE = ("gateway: probe", "roles/gateway/tasks/verify.yml",
                  "Send completions through the gateway (the clients' key is read from its file on the host)")
 GATEWAY_TAKE_OUT = ("gateway: take-out", "roles/gateway/tasks/take_out.yml",
@@ -50,8 +53,8 @@ GATEWAY_POOL_AS_LEFT = ("gateway: pool as an earlier run left it", "playbooks/de
                         "Read the pool as an earlier run left it")
 JIT_WARMUP = ("gpu_host: JIT warm-up", "roles/gpu_host/tasks/warmup.yml",
               "Build the plugin's JIT kernels as the service user (cached under the state directory)")
-ALL_TASKS = (VERIFY_MODEL_INFO, VERIFY_SMOKE, VALIDATE, SWEEP, GATEWAY_STATUS, GATEWAY_HEALTH, GATEWAY_PROBE,
-             GATEWAY_TAKE_OUT, GATEWAY_PUT_BACK, GATEWAY_POOL_AS_LEFT, JIT_WARMUP)
+ALL_TASKS = (VERIFY_MODEL_INFO, VERIFY_SMOKE, VALIDATE, SWEEP, GATEWAY_STATUS, GATEWAY_HEALTH, GATEWAY_CHECK_TLS,
+             GATEWAY_PROBE, GATEWAY_TAKE_OUT, GATEWAY_PUT_BACK, GATEWAY_POOL_AS_LEFT, JIT_WARMUP)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def tls_vars(tmp, cert, key) -> str:
 
 
 def gateway_deploy(tmp, *extra: str):
-    return deploy("--limit", "k26-gateway", *extra, tmp=tmp, fleet=True)
+    return deploy("--limit", "gateway", *extra, tmp=tmp, fleet=True)
 
 
 def complete(url: str, verify) -> int:

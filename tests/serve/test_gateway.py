@@ -371,3 +371,13 @@ def test_over_tls_clients_that_trust_the_certificate_are_served_and_plain_http_i
     health = subprocess.run([tls_fleet.python, str(SCRIPT), "health", "--config", str(tls_fleet.config),
                              "--timeout", "30"], capture_output=True, text=True, timeout=60)
     assert health.returncode == 0 and "https://127.0.0.1" in health.stdout, health.stderr
+
+
+def test_check_tls_names_a_pair_that_does_not_belong_together(tmp_path):
+    cert, key = self_signed(tmp_path / "a")
+    other_cert, _ = self_signed(tmp_path / "b", "other.test")
+    run = [sys.executable, str(SCRIPT), "check-tls", "--key", str(key), "--cert"]
+    good = subprocess.run(run + [str(cert)], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(run + [str(other_cert)], capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0, good.stderr
+    assert bad.returncode == 2 and "are not a certificate and its key" in bad.stderr and "BEGIN" not in bad.stderr

@@ -13,6 +13,8 @@
         and then drops it; this waits until it is gone (so nothing is routed to it any more).
     k26_gateway.py pool --config FILE put-back URL [--timeout S]
         POST /workers, then wait until the worker is healthy and ready.
+    k26_gateway.py check-tls --cert FILE --key FILE
+        check that a PEM certificate and key load together (before a gateway file names them)
     k26_gateway.py health --config FILE [--timeout S]
         wait until the gateway's own /health answers 200 (over TLS when the file sets it, the served
         certificate pinned); exit 1 at the timeout
@@ -514,6 +516,9 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--record", help="folder remembering workers taken out until put back (the gateway role's)")
     p.add_argument("--reason", default="taken out", help="who takes the worker out, kept in --record")
+    t = sub.add_parser("check-tls", help="check that a certificate and key load together and exit")
+    t.add_argument("--cert", required=True)
+    t.add_argument("--key", required=True)
     h = sub.add_parser("health", help="wait until the gateway's own /health answers 200")
     h.add_argument("--config", required=True)
     h.add_argument("--timeout", type=float, default=120)
@@ -523,6 +528,10 @@ def main(argv=None) -> int:
     q.add_argument("--requests", type=int, default=4)
     args = ap.parse_args(argv)
     try:
+        if args.command == "check-tls":
+            _tls_pair({"tls_cert_file": args.cert, "tls_key_file": args.key})
+            print(f"{args.cert}: a certificate and its key ({args.key})")
+            return 0
         cfg = load_config(args.config)
         if args.command == "serve":
             serve(cfg)
