@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.gpu_sglang.referee import best_gap, gap_to, is_near_tie, judge, processed_referee
+from tests.gpu_sglang.referee import best_gap, judge, processed_referee
 from tests.gpu_sglang.test_ddtree_server import compare_with_plain, outputs, ready
 from tests.gpu_sglang.test_ddtree_server import reference  # noqa: F401  (fixture: the float32 referee's target)
 from tests.helpers import import_bench
@@ -142,18 +142,17 @@ def judge_processed(plain: harness.Server, prompts: list[list[int]], sampling: d
             wrong.append((i, at, taken, float("inf")))
             continue
         top = harness.top_dict(tops[at])
-        gap = gap_to(top, taken) if taken is not None else best_gap(top)
-        parting = None
-        if taken is not None and referee is not None:
-            f32 = processed_referee(referee, "cuda", len(prompts[i]), sampling)
-            parting = judge(at, w[at], taken, top, lambda: f32.logprobs(prompts[i] + g[:at]))
-        if taken is not None and is_near_tie(top, taken):
-            ties.append(round(gap, 5))
-        elif parting is not None and parting.passed:
-            ties.append(round(gap, 5))
+        if taken is None:                    # the answer stopped here and NONE's went on
+            wrong.append((i, at, None, round(best_gap(top), 4)))
+            continue
+        f32 = None if referee is None else processed_referee(referee, "cuda", len(prompts[i]), sampling)
+        parting = judge(at, w[at], taken, top, None if f32 is None else lambda: f32.logprobs(prompts[i] + g[:at]))
+        if not parting.passed:
+            wrong.append((i, at, taken, round(parting.bf16_gap, 4)) + (() if f32 is None else (parting.reason(),)))
+            continue
+        ties.append(round(parting.bf16_gap, 5))
+        if parting.kind != "near tie":
             refereed.append(parting.record())
-        else:
-            wrong.append((i, at, taken, round(gap, 4)) + ((parting.reason(),) if parting is not None else ()))
     return Judged(identical, ties, wrong, refereed)
 
 
