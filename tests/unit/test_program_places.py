@@ -17,12 +17,13 @@ def role_program_sources() -> list[tuple[str, str]]:
     for path in sorted((ROOT / "roles").glob("*/*/*.yml")):
         if path.parent.name not in ("tasks", "defaults"):
             continue
-        for m in re.finditer(r"([\w{}./ |'\"-]*?\b[\w-]+\.py)\b", path.read_text()):
+        code = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())   # comments dropped
+        for m in re.finditer(r"([\w{}./ |'\"-]*?\b[\w-]+\.py)\b", code):
             text = m.group(1).strip(" '\"")
-            if "/usr/" in text or "/opt/" in text or "bin/" in text.split("files/")[0] or text.startswith("#"):
+            if "/usr/" in text or "/opt/" in text or "bin/" in text.split("files/")[0]:
                 continue                                      # a path on the host, not a source
-            if "tests/" in text or "tools/sweep_report.py" in text:
-                continue                                      # named in a comment
+            if "tests/" in text:
+                continue                                      # a message naming a test
             found.append((str(path.relative_to(ROOT)), text))
     return found
 
