@@ -103,7 +103,7 @@ case $PART in
     done
     # issue 45: the budget schedule's servers (they died at start-up before) and the overlap scheduler's sync check,
     # on the dense pair beside them
-    [ "${GREEDY_WIDTHS:-1}" = 1 ] && env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-greedy-widths SGLANG_DDTREE_BASE_PORT=34000 \
+    [ "${GREEDY_WIDTHS:-1}" = 1 ] && env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-greedy-widths SGLANG_DDTREE_BASE_PORT=34500 \
       SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager,ddtree-b32-c8-graphs-overlap,none-bs48,ddtree-b32-c8-graphs-overlap-synccheck-bs48" \
       python3 -m pytest tests/gpu_sglang/test_widths.py tests/gpu_sglang/test_overlap.py -p no:cacheprovider -q -rfE \
       -k "${WIDTHS_K:-test_each_width or test_greedy_equals_none_while or test_overlap_greedy or test_overlap_48 or test_no_host_sync}" \
