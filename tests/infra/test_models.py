@@ -1,20 +1,19 @@
 """playbooks/stage_models.yml on the sandbox host (issue 47, item 2): a small model served over HTTP on the loopback
-from this machine (the sandbox shares its network) staged at its digests, owned root:k26 and readable by the service,
-idempotent, repaired when a file is damaged, refused when a digest does not match or the folder is one the unit
-cannot see."""
+from this machine (the sandbox shares its network; tests/file_source.py: Range requests, a token, a cut transfer)
+staged at its digests, owned root:k26 and readable by the service, idempotent, repaired when a file is damaged, a
+transfer cut half way continued inside the file, a gated source served with the vault's token that no output shows,
+refused when a digest does not match or the folder is one the unit cannot see."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import json
 import re
-import socket
-import threading
 from pathlib import Path
 
 import pytest
+
+from tests.file_source import Source
 
 from .conftest import CACHE, deploy, guest
 
@@ -23,17 +22,17 @@ DEST = "/srv/models/staged-test"
 
 
 @pytest.fixture(scope="module")
-def source():
+def served():
     """The model folder served on a free loopback port for the module's tests."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(MODEL))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{port}"
-    server.shutdown()
+    server = Source(MODEL).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def source(served):
+    served.token, served.cut_after = None, {}
+    return served.url
 
 
 def digests(tmp: Path, bad: str | None = None) -> Path:
@@ -47,9 +46,10 @@ def digests(tmp: Path, bad: str | None = None) -> Path:
     return out
 
 
-def stage(tmp: Path, source: str, dest: str = DEST, bad: str | None = None):
+def stage(tmp: Path, source: str, dest: str = DEST, bad: str | None = None, token: str = ""):
     models = [{"name": "draft", "source": source, "dest": dest, "digests": str(digests(tmp, bad))}]
-    return deploy("-e", json.dumps({"k26_models": models}), tmp=tmp, playbook="playbooks/stage_models.yml")
+    extra = {"k26_models": models, **({"k26_models_token": token} if token else {})}
+    return deploy("-e", json.dumps(extra), tmp=tmp, playbook="playbooks/stage_models.yml")
 
 
 def test_a_model_is_staged_at_its_digests_then_nothing_changes(converged, source, tmp_path):
@@ -79,8 +79,41 @@ def test_a_digest_that_does_not_match_fails_naming_the_file(converged, source, t
     guest(f"rm -f {DEST}/config.json")
     play = stage(tmp_path, source, bad="config.json")
     out = re.sub(r"\s+", " ", play.out)
-    assert play.rc != 0 and "draft/config.json" in out and "checksum" in out.lower(), out[-2000:]
+    assert play.rc != 0 and "draft/config.json" in out and "where the digest list pins " + "0" * 64 in out, out[-2000:]
     assert guest(f"test -e {DEST}/config.json", check=False).returncode != 0      # nothing left under the name
+    assert guest(f"test -e {DEST}/config.json.part", check=False).returncode != 0
+
+
+def test_a_cut_transfer_is_continued_inside_the_file(converged, served, source, tmp_path):
+    guest(f"rm -f {DEST}/model.safetensors {DEST}/model.safetensors.part")
+    size = (MODEL / "model.safetensors").stat().st_size
+    served.cut_after["/model.safetensors"] = size // 3
+    cut = stage(tmp_path, source)
+    out = re.sub(r"\s+", " ", cut.out)
+    assert cut.rc != 0 and f"stopped after {size // 3} bytes" in out and "run the play again" in out, out[-2000:]
+    assert guest(f"stat -c %s {DEST}/model.safetensors.part").stdout.strip() == str(size // 3)
+    assert guest(f"test -e {DEST}/model.safetensors", check=False).returncode != 0
+    again = stage(tmp_path, source)
+    assert again.rc == 0, again.out[-3000:]
+    last = [s for s in served.seen if s.path == "/model.safetensors"][-1]
+    assert last.range == f"bytes={size // 3}-" and last.sent == size - size // 3
+    assert guest(f"sha256sum {DEST}/model.safetensors").stdout.split()[0] == \
+        hashlib.sha256((MODEL / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_a_gated_source_takes_the_vault_token_and_no_output_shows_it(converged, served, source, tmp_path):
+    marker = "hf_sandbox_marker_5b8e1f"
+    served.token = marker
+    guest(f"rm -f {DEST}/config.json")
+    refused = stage(tmp_path, source)
+    out = re.sub(r"\s+", " ", refused.out)
+    assert refused.rc != 0 and "HTTP 401" in out and "k26_models_token" in out, out[-2000:]
+    ok = stage(tmp_path, source, token=marker)
+    assert ok.rc == 0 and marker not in ok.out, ok.out[-3000:]
+    assert [s.token for s in served.seen if s.path == "/config.json"][-1] == marker
+    guest(f"rm -f {DEST}/config.json")
+    wrong = stage(tmp_path, source, token="hf_wrong_marker_77aa")
+    assert wrong.rc != 0 and "HTTP 401" in wrong.out and "hf_wrong_marker_77aa" not in wrong.out, wrong.out[-2000:]
 
 
 def test_a_folder_the_unit_cannot_see_is_refused(converged, source, tmp_path):
