@@ -174,3 +174,91 @@ def test_a_monitor_host_without_an_alert_receiver_is_refused_unless_on_purpose(t
     else:
         assert r.returncode != 0 and "gw runs Prometheus and Alertmanager, but k26_alert_webhooks is empty" in out
         assert "k26_alerts_unrouted: true" in out
+
+
+def computed_names() -> set[str]:
+    """Every set_fact and register name of the roles and playbooks, less those a role default or vars file defines."""
+    names: set[str] = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("ansible.builtin.set_fact", "set_fact") and isinstance(value, dict):
+                    names.update(n for n in value if n != "cacheable")
+                if key == "register" and isinstance(value, str):
+                    names.add(value)
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for f in [*ROOT.glob("roles/*/tasks/*.yml"), *ROOT.glob("playbooks/*.yml"), *ROOT.glob("playbooks/tasks/*.yml")]:
+        walk(yaml.safe_load(f.read_text()))
+    defined = set()
+    for f in [*ROOT.glob("roles/*/defaults/main.yml"), *ROOT.glob("roles/*/vars/main.yml"), ROOT / "playbooks/vars/fleet.yml"]:
+        defined |= set(yaml.safe_load(f.read_text()) or {})
+    return names - defined
+
+
+def test_the_computed_list_is_every_set_fact_and_register_name():
+    listed = set(yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["_preflight_computed"])
+    found = computed_names()
+    assert found - listed == set(), f"computed by a task but not refused from outside: {sorted(found - listed)}"
+    assert listed - found == set(), f"listed but no task computes them: {sorted(listed - found)}"
+
+
+def test_a_computed_fact_given_with_e_or_in_the_inventory_is_refused_before_any_connection(tmp_path):
+    inv = unreachable_fleet(tmp_path)
+    (inv / "host_vars").mkdir()
+    (inv / "host_vars/gpu-b.yml").write_text(yaml.safe_dump({"__service_unit": {"changed": False}}))
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml", "--limit", "gpu-a:gpu-b",
+             "-e", json.dumps({"k26_release_dir": "/usr", "_host_lock_token": "forged"})], tmp_path)
+    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    assert r.returncode != 0 and "UNREACHABLE" not in out
+    assert "__service_unit, _host_lock_token, k26_release_dir: computed by the plays, not an input" in out, out[-3000:]
+    assert "_host_lock_token, k26_release_dir: computed by the plays" in out      # gpu-a: the -e values only
+
+
+def test_every_variable_of_every_roles_argument_specs_has_a_rule():
+    """Each is checked by type and pattern (_preflight_inputs), refused from outside as computed by a task
+    (_preflight_computed), or - k26_gateway_host alone - held to the inventory by its own task (inputs.yml)."""
+    preflight = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())
+    covered = set(preflight["_preflight_inputs"]) | set(preflight["_preflight_computed"]) | {"k26_gateway_host"}
+    names = {(name, spec.parent.parent.name)
+             for spec in ROOT.glob("roles/*/meta/argument_specs.yml")
+             for entry in yaml.safe_load(spec.read_text())["argument_specs"].values()
+             for name in (entry.get("options") or {})}
+    assert sorted(n for n in names if n[0] not in covered) == [], "argument_specs variables without a rule"
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ({"k26_demo_api_keys": []}, "k26_demo_api_keys=[] is invalid: is a constant of this repository"),
+    ({"k26_api_key_file": "/tmp/x.yaml"}, "k26_api_key_file=/tmp/x.yaml is invalid: is derived by the roles from k26_config_dir"),
+    ({"k26_rollback_dir": "/etc"}, "k26_rollback_dir=/etc is invalid: is a system folder"),
+    ({"k26_persistenced_exec": "/usr/bin/nvidia-persistenced\nExecStartPre=/bin/sh -c id"},
+     "k26_persistenced_exec="),
+    ({"k26_gpu_device_groups": ["video", "disk"]}, "k26_gpu_device_groups=['video', 'disk'] is invalid: item 1 ('disk')"),
+    ({"k26_driver_reboot_timeout": -5}, "k26_driver_reboot_timeout=-5 is invalid: expected an integer 120..7200"),
+    ({"k26_gpu_name_pattern": "RTX ("}, "k26_gpu_name_pattern='RTX (' is invalid: is not a regular expression"),
+    ({"k26_models": [{"name": "t", "source": "ftp://x/y", "dest": "/srv/m", "digests": "/nonexistent"}]},
+     "source ftp://x/y: expected https://HOST/PATH"),
+    ({"k26_gateway_host": "gpu-a"}, "k26_gateway_host=gpu-a is invalid: it is derived from the inventory's k26_gateway group"),
+])
+def test_each_new_rule_refuses_a_bad_value_before_any_connection(tmp_path, extra, said):
+    inv = unreachable_fleet(tmp_path)
+    (inv / "host_vars").mkdir()
+    (inv / "host_vars/gpu-b.yml").write_text(yaml.safe_dump({"k26_state_dir": "/var/lib/k26"}))
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml", "--limit", "gpu-a:gpu-b",
+             "-e", json.dumps(extra)], tmp_path)
+    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    assert r.returncode != 0 and "UNREACHABLE" not in out and said in out, out[-3000:]
+
+
+def test_the_example_inventory_passes_every_new_rule(tmp_path):
+    r = run([str(BIN / "ansible-playbook"), "-i", "inventory/production", "playbooks/check_inputs.yml",
+             "--vault-password-file", str(ROOT / "inventory/production/.demo-vault-pass")]
+            if (ROOT / "inventory/production/.demo-vault-pass").exists() else
+            [str(BIN / "ansible-playbook"), "-i", "inventory/sandbox", "playbooks/check_inputs.yml"], tmp_path)
+    out = r.stdout + r.stderr
+    assert "is derived by the roles" not in out and "constant of this repository" not in out, out[-3000:]
+    assert "computed by the plays" not in out and "does not exist on the controller" not in out, out[-3000:]

@@ -16,6 +16,7 @@ defaults are constants of this repository); `spec` is roles/preflight/vars/main.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Callable, Mapping
 
@@ -46,6 +47,8 @@ DURATION = re.compile(r"[1-9][0-9]{0,5}(ms|s|m|h|d|w|y)")          # a Prometheu
 WEBHOOK = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?(/[A-Za-z0-9._~/%+=&?-]*)?")
 BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 MAX_ARGS = 64
+APT_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{1,63}")
+PERSISTENCED = re.compile(r"/usr/bin/nvidia-persistenced( --?[a-z][a-z0-9-]*(=[A-Za-z0-9._/-]+)?| [A-Za-z0-9._/-]+)*")
 
 
 def _int(value, rule: Mapping) -> str | None:
@@ -119,6 +122,8 @@ def _number(value, rule: Mapping) -> str | None:
 def _text(value, rule: Mapping) -> str | None:
     """Free text passed as one argument (never through a shell): printable, one line, bounded."""
     limit = rule.get("max_chars", 1000)
+    if value == "" and rule.get("empty_ok"):
+        return None
     if not isinstance(value, str) or not value.strip() or len(value) > limit or not value.isprintable():
         return f"expected 1..{limit} printable characters on one line"
     return None
@@ -349,6 +354,65 @@ def _apt_source(value, rule: Mapping) -> str | None:
     return None
 
 
+def _fixed(value, rule: Mapping) -> str | None:
+    """A constant of this repository shown in argument_specs (the published demo keys, the entry points the wheel must
+    register): not a setting, so any other value is refused (an empty demo-key list would let a demo key through).
+    rule["values"] lists the values allowed when there is more than one (the sandbox's reference server)."""
+    allowed = rule["values"] if "values" in rule else [rule["value"]]
+    return None if value in allowed else "is a constant of this repository, not a setting (remove it)"
+
+
+def _derived(value, rule: Mapping) -> str | None:
+    """Computed by the roles from other settings (rule["from"]); given from outside it would replace that."""
+    return f"is derived by the roles from {rule['from']}, not a setting (remove it from the inventory and -e)"
+
+
+def _controller_path(value, rule: Mapping) -> str | None:
+    """An absolute path on the controller (where this check runs); with exists: true it must be there now."""
+    text = str(value)
+    if text == "" and rule.get("empty_ok"):
+        return None
+    if not PATH.fullmatch(text):          # the roles' defaults go through role_path/../..: normalised here
+        return PATH_FIX
+    text = os.path.normpath(text)
+    if rule.get("exists") and not os.path.exists(text):
+        return "does not exist on the controller (the machine running ansible-playbook)"
+    return None
+
+
+def _regex(value, rule: Mapping) -> str | None:
+    why = _text(value, {"max_chars": 200})
+    if why:
+        return why
+    try:
+        re.compile(value)
+    except re.error as err:
+        return f"is not a regular expression ({err})"
+    return None
+
+
+MODEL_KEYS = {"name", "source", "dest", "digests"}
+
+
+def _models(value, rule: Mapping) -> str | None:
+    """playbooks/stage_models.yml's entries: name, source (https://, http:// or file:///), dest (a path), digests (a
+    file on the controller); the role checks the folder's visibility to the unit and every digest line."""
+    if not isinstance(value, list) or len(value) > 8:
+        return "expected a list of at most 8 models"
+    for index, entry in enumerate(value):
+        if not isinstance(entry, Mapping) or set(entry) != MODEL_KEYS:
+            return f"item {index}: expected exactly the keys {sorted(MODEL_KEYS)}"
+        if MODEL_NAME.fullmatch(str(entry["name"])) is None:
+            return f"item {index}: name {entry['name']!r}: expected letters, digits and ._:/-"
+        if not re.fullmatch(r"(https?://[A-Za-z0-9.\[\]:-]+|file://)/[A-Za-z0-9._~/%+-]*", str(entry["source"])):
+            return f"item {index}: source {shown(entry['source'])}: expected https://HOST/PATH, http://HOST/PATH or file:///PATH"
+        for key, check in (("dest", _path), ("digests", _controller_path)):
+            why = check(entry[key], {"exists": True})
+            if why:
+                return f"item {index}: {key} {shown(entry[key])}: {why}"
+    return None
+
+
 CHECKS: dict[str, Callable] = {
     "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "network": _network,
     "choice": _choice, "args": _args, "env": _env,
@@ -363,6 +427,9 @@ CHECKS: dict[str, Callable] = {
     "duration": _pattern(DURATION, "a duration of one number and one unit (ms, s, m, h, d, w, y), e.g. 15s or 30d"),
     "webhook": _pattern(WEBHOOK, "an http(s) URL (http(s)://HOST[:PORT][/PATH], no spaces or quotes)"),
     "word": _pattern(SAFE_WORD, "one word of letters, digits and ._:/,=@+-"),
+    "apt_name": _pattern(APT_NAME, "a Debian package name (a-z, 0-9 and +.-)"),
+    "persistenced": _pattern(PERSISTENCED, "/usr/bin/nvidia-persistenced and its options, on one line"),
+    "fixed": _fixed, "derived": _derived, "controller_path": _controller_path, "regex": _regex, "models": _models,
 }
 
 
