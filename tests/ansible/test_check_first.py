@@ -62,9 +62,10 @@ def test_bad_inputs_of_every_host_are_named_at_once_before_any_connection(tmp_pa
     assert all(f"{h} " in out for h in ("gpu-a", "gpu-b", "gw")) and "failed=1" in out
 
 
-def check_good_fleet(tmp: Path, edit=lambda groups: None) -> tuple[subprocess.CompletedProcess, str]:
+def check_good_fleet(tmp: Path, edit=lambda groups: None, playbook: str = "playbooks/check_inputs.yml",
+                     extra: list[str] | None = None) -> tuple[subprocess.CompletedProcess, str]:
     """unreachable_fleet with its two bad values made good, then `edit(groups)` applied to its host groups, through
-    playbooks/check_inputs.yml: the run and its output with white space folded."""
+    PLAYBOOK (the input check by default): the run and its output with white space folded."""
     inv = unreachable_fleet(tmp)
     hosts = yaml.safe_load((inv / "hosts.yml").read_text())
     groups = hosts["all"]["children"]
@@ -72,7 +73,7 @@ def check_good_fleet(tmp: Path, edit=lambda groups: None) -> tuple[subprocess.Co
     groups["k26_gateway"]["hosts"]["gw"]["k26_gateway_port"] = 30080
     edit(groups)
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml"], tmp)
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), playbook, *(extra or [])], tmp)
     return r, re.sub(r"\s+", " ", r.stdout + r.stderr)
 
 
@@ -262,3 +263,19 @@ def test_the_example_inventory_passes_every_new_rule(tmp_path):
     out = r.stdout + r.stderr
     assert "is derived by the roles" not in out and "constant of this repository" not in out, out[-3000:]
     assert "computed by the plays" not in out and "does not exist on the controller" not in out, out[-3000:]
+
+
+def test_start_at_task_past_the_input_check_takes_no_lock_and_changes_nothing(tmp_path):
+    """--start-at-task skips the check play whatever its tags; the lock's acquire then refuses before it connects."""
+    r, out = check_good_fleet(tmp_path, lambda groups: None, playbook="playbooks/maintenance.yml",
+                              extra=["--start-at-task", "Take the host lock", "-e", "maintenance_action=restart"])
+    assert r.returncode != 0 and "UNREACHABLE" not in out, out[-3000:]
+    assert "the input check (playbooks/check_inputs.yml, the first play of every playbook) did not run" in out
+
+
+@pytest.mark.parametrize("playbook", [p for p in PLAYBOOKS if p != "playbooks/stage_models.yml"])
+def test_tags_never_leave_out_the_input_check_or_a_lock(playbook, tmp_path):
+    r = run([str(BIN / "ansible-playbook"), playbook, "--list-tasks", "--tags", "no-such-tag"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Check this host's inputs" in r.stdout and "Record that this host's inputs passed" in r.stdout
+    assert re.search(r"Take the (host|fleet|host deploy) lock", r.stdout), r.stdout
