@@ -279,3 +279,25 @@ def test_tags_never_leave_out_the_input_check_or_a_lock(playbook, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "Check this host's inputs" in r.stdout and "Record that this host's inputs passed" in r.stdout
     assert re.search(r"Take the (host|fleet|host deploy) lock", r.stdout), r.stdout
+
+
+SECRET_MARKER = "k26SecretMarker7f3a"
+
+
+@pytest.mark.parametrize("extra", [
+    {"k26_api_key": f"{SECRET_MARKER} with spaces"},
+    {"k26_api_key_previous": f"{SECRET_MARKER}$"},
+    {"k26_gateway_admin_key": f"{SECRET_MARKER} x"},
+    {"k26_gateway_api_keys": [f"{SECRET_MARKER} y"]},
+    {"k26_models_token": f"{SECRET_MARKER} z"},
+    {"k26_service_env": {"NCCL_DEBUG": f"{SECRET_MARKER}$(id)"}},
+    {"k26_service_env": {"LD_PRELOAD": SECRET_MARKER}},
+    {"k26_alert_webhooks": [f"https://pager.invalid/{SECRET_MARKER} hook"]},
+    {"k26_gateway_tls_key": f"-----BEGIN PRIVATE KEY-----\n{SECRET_MARKER}"},
+])
+def test_a_bad_secret_is_named_and_never_printed(tmp_path, extra):
+    """Issue 48, item 5: every input that holds a key, a token, an env value or a receiver URL, given a bad value
+    holding a marker: the run fails naming the variable, and no output holds the marker."""
+    r, out = check_good_fleet(tmp_path, playbook="playbooks/check_inputs.yml", extra=["-e", json.dumps(extra)])
+    assert r.returncode != 0 and f"{next(iter(extra))}=<not shown> is invalid" in out, out[-2000:]
+    assert SECRET_MARKER not in r.stdout + r.stderr

@@ -37,7 +37,8 @@ ENV_VALUE = re.compile(r"[A-Za-z0-9._:/,=@+ -]*")
 TEST_BED_ONLY = ("SGLANG_DDTREE_DUMP", "SGLANG_DDTREE_DUMP_STEPS", "SGLANG_DDTREE_FAULT")
 API_KEY = re.compile(r"[A-Za-z0-9._~+/=-]+")
 URL = re.compile(r"https?://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})")
-DEVICE = re.compile(r"(char-[a-z0-9_-]+|block-[a-z0-9_-]+|/dev/[A-Za-z0-9._/-]+) [rwm]{1,3}")
+# the NVIDIA device set only: char-nvidia* groups and /dev/nvidia* nodes (a disk or another device is refused, issue 48)
+DEVICE = re.compile(r"(char-nvidia[a-z0-9_-]*|/dev/nvidia[A-Za-z0-9_-]*(/[A-Za-z0-9_-]+)*) [rwm]{1,3}")
 PATH_LIKE = re.compile(r"/[A-Za-z0-9._/-]+")
 APT_PIN = re.compile(r"[a-z0-9][a-z0-9+.-]*=[0-9][A-Za-z0-9.+:~-]*")
 APT_WORD = re.compile(r"\.?/|[A-Za-z0-9][A-Za-z0-9._/-]*")   # a suite or component; a flat repository's ./
@@ -282,19 +283,46 @@ def _url(value, rule: Mapping) -> str | None:
     return None
 
 
+# k26_service_env's names: an allow-list by prefix of what tunes the server's libraries, less what loads code or
+# redirects a loader or an interpreter (LD_*, PYTHON*, a library path, a plugin): the unit's environment runs
+# `--trust-remote-code` Python as the service user, so a name that loads a file is a way in (issue 48)
+ENV_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVSHMEM_", "TRITON_", "FLASHINFER_", "HF_",
+                "TRANSFORMERS_", "OMP_", "MKL_", "TOKENIZERS_")
+ENV_LOADS_CODE = re.compile(r".*(_PATH|_PRELOAD|_LIBRARY|_LIB|PLUGINS?|_PLUGIN_.*|_HOME|_DIR_OVERRIDE)")
+ENV_OWN_VALUES = {"SGLANG_PLUGINS": "ddtree"}       # allowed with exactly this value (which plugins SGLang loads)
+
+
+def _env_name(name) -> str | None:
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        return f"name {name!r} is not an environment variable name (A-Z, 0-9, _)"
+    if name in TEST_BED_ONLY:
+        return (f"{name} is a GPU test bed diagnostic (a deliberate fault or a per-step dump: wrong or slow "
+                "answers); remove it from k26_service_env")
+    if name in ENV_OWN_VALUES:
+        return None
+    if not name.startswith(ENV_PREFIXES):
+        return (f"{name} is not an allowed name: k26_service_env takes the server's library settings only (names "
+                f"starting {', '.join(ENV_PREFIXES)}), never a loader's or an interpreter's (LD_*, PYTHON*, PATH)")
+    if ENV_LOADS_CODE.fullmatch(name):
+        return f"{name} names a file or plugin the server would load (a path, a library or a plugin): not allowed"
+    return None
+
+
 def _env(value, rule: Mapping) -> str | None:
+    """A map of allowed names (_env_name) to one-line values; messages name the variable, never its value (an env
+    entry may hold a secret)."""
     if not isinstance(value, Mapping):
         return "expected a map of NAME: value"
     for name, item in value.items():
-        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-            return f"name {name!r} is not an environment variable name (A-Z, 0-9, _)"
-        if name in TEST_BED_ONLY:
-            return (f"{name} is a GPU test bed diagnostic (a deliberate fault or a per-step dump: wrong or slow "
-                    "answers); remove it from k26_service_env")
+        why = _env_name(name)
+        if why:
+            return why
         if isinstance(item, (Mapping, list)) or item is None:
             return f"{name}: expected a string or a number, got {type(item).__name__}"
         if not ENV_VALUE.fullmatch(str(item)) or len(str(item)) > 1024:
-            return f"{name}={str(item)!r}: expected letters, digits, spaces and ._:/,=@+- (no quotes, $, newlines)"
+            return f"{name}: its value (not shown) holds other than letters, digits, spaces and ._:/,=@+- (no quotes, $, newlines)"
+        if name in ENV_OWN_VALUES and str(item) != ENV_OWN_VALUES[name]:
+            return f"{name}: its value must be {ENV_OWN_VALUES[name]} (the plugin this project installs)"
     return None
 
 
@@ -417,7 +445,7 @@ CHECKS: dict[str, Callable] = {
     "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "network": _network,
     "choice": _choice, "args": _args, "env": _env,
     "schedule": _schedule, "api_key": _api_key, "api_keys": _api_keys, "list": _list, "url": _url,
-    "device": _pattern(DEVICE, "a DeviceAllow entry: char-NAME, block-NAME or /dev/PATH, then r, w and/or m"),
+    "device": _pattern(DEVICE, "a DeviceAllow entry of the NVIDIA set: char-nvidia... or /dev/nvidia..., then r, w and/or m"),
     "git_ref": _pattern(GIT_REF, "a tag name of letters, digits and ._- (starting with a letter or digit)"),
     "model_name": _pattern(MODEL_NAME, "1-128 characters of letters, digits and ._:/- starting with a letter or digit"),
     "unix_name": _pattern(UNIX_NAME, "a user or group name (a-z, 0-9, _ and -, starting with a letter or _)"),
