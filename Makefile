@@ -28,7 +28,7 @@ NFTABLES_DEB := 1.0.6-2+deb12u2
 NFT := $(CACHE)/nftables-$(NFTABLES_DEB)/nft
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: promtool lock check-locks crash-test fuzz-engine help venv sglang-venv gateway-venv test test-sandbox-lane test-sandbox-extended test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
+.PHONY: sglang-flags promtool lock check-locks crash-test fuzz-engine help venv sglang-venv gateway-venv test test-sandbox-lane test-sandbox-extended test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
@@ -111,6 +111,10 @@ gateway-venv: $(GATEWAY_VENV)/.ready
 
 test-fast: venv gateway-venv promtool
 	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_NFT=$(NFT) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang $(PYTEST_ARGS)
+
+# SGLang's own option table for preflight's reading of k26_extra_args (after a bump of the pinned sglang)
+sglang-flags: sglang-venv
+	$(SGLANG_VENV)/bin/python tools/sglang_flags.py
 
 test-sglang: sglang-venv
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)

@@ -15,9 +15,13 @@ defaults are constants of this repository); `spec` is roles/preflight/vars/main.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import ipaddress
+import json
 import os
 import re
+from pathlib import Path
 from collections.abc import Callable, Mapping
 
 # One word on a systemd command line or in an env file without quoting: no whitespace, quotes,
@@ -257,6 +261,82 @@ def _flag_owner(flag: str, rule: Mapping) -> str | None:
         if flag.startswith(prefix):
             return owner
     return None
+
+
+# SGLang 0.5.23's own option table (tools/sglang_flags.py writes it from its parser; tests/sglang keeps it equal)
+SGLANG_FLAGS = Path(__file__).resolve().parents[1] / "files/sglang-flags.json"
+_UNSET = object()
+
+
+class _Refused(Exception):
+    pass
+
+
+class _SGLangParser(argparse.ArgumentParser):
+    """argparse as `sglang serve` builds it (the same option strings, dests, value counts and abbreviations),
+    raising where SGLang's would exit."""
+
+    def error(self, message):
+        raise _Refused(message)
+
+
+@functools.lru_cache(maxsize=1)
+def _sglang_parser() -> tuple[_SGLangParser, dict[str, str], str]:
+    table = json.loads(SGLANG_FLAGS.read_text())
+    parser = _SGLangParser(prog="sglang serve", add_help=False, allow_abbrev=table["allow_abbrev"])
+    flag_dest = {}
+    for option in table["options"]:
+        nargs = option["nargs"]
+        kwargs = {"dest": option["dest"], "default": _UNSET}
+        if nargs == 0:
+            kwargs.update(action="store_const", const=True)
+        elif nargs is not None:
+            kwargs["nargs"] = nargs
+        parser.add_argument(*option["strings"], **kwargs)
+        flag_dest.update({s: option["dest"] for s in option["strings"]})
+    return parser, flag_dest, table["sglang"]
+
+
+def _given(words: list[str]) -> dict[str, object]:
+    """The dests SGLang's parser sets from WORDS (its own prefix and `=` rules); raises _Refused like its errors."""
+    parser, _, version = _sglang_parser()
+    namespace, unknown = parser.parse_known_args(words)
+    if unknown:
+        raise _Refused(f"SGLang {version} has no option {unknown[0]}")
+    return {k: v for k, v in vars(namespace).items() if v is not _UNSET}
+
+
+def k26_sglang_arg_errors(args, refused: Mapping, refused_prefixes: Mapping | None = None) -> list[str]:
+    """k26_extra_args read as `sglang serve` reads them: each item's words through SGLang 0.5.23's option table
+    (a prefix of a flag is that flag, `--flag=value` and a flag inside a value count), then all items together.
+    Refused: an option SGLang does not have, one its parser refuses (ambiguous, a missing value), and any option
+    whose dest is one a role sets (`refused`: flag -> the variable that sets it; `refused_prefixes`)."""
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        return []                                      # _args names the shape
+    _, flag_dest, version = _sglang_parser()
+    owners = {flag_dest[f]: owner for f, owner in refused.items() if f in flag_dest}
+    owners.update({d: owner for prefix, owner in (refused_prefixes or {}).items()
+                   for f, d in flag_dest.items() if f.startswith(prefix)})
+    errors = []
+    for index, item in enumerate(args):
+        try:
+            given = _given(item.split())
+        except _Refused as err:
+            said = str(err) if len(str(err)) <= 240 else str(err)[:237] + "..."
+            errors.append(f"k26_extra_args item {index} ({item!r}): {said}; give options of SGLang {version}'s "
+                          "`sglang serve --help`")
+            continue
+        for dest in given:
+            if dest in owners:
+                flags = "/".join(f for f, d in flag_dest.items() if d == dest and f.startswith("--"))
+                errors.append(f"k26_extra_args item {index} ({item!r}): SGLang reads it as {flags}, which the "
+                              f"roles set from {owners[dest]}; set that variable, not k26_extra_args")
+    if not errors:
+        try:
+            _given([w for item in args for w in item.split()])
+        except _Refused as err:
+            errors.append(f"k26_extra_args {args!r} read together: {err}")
+    return errors
 
 
 def _list(value, rule: Mapping) -> str | None:
@@ -573,6 +653,6 @@ def k26_firewall_peers(hostvars, groups: Mapping, host: str, extra=()) -> dict:
 
 class FilterModule:
     def filters(self):
-        return {"k26_input_errors": k26_input_errors, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
+        return {"k26_input_errors": k26_input_errors, "k26_sglang_arg_errors": k26_sglang_arg_errors, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
                 "k26_unit_value": k26_unit_value, "k26_schedule_steps": k26_schedule_steps,
                 "k26_os_refusal": k26_os_refusal, "k26_firewall_peers": k26_firewall_peers}
