@@ -317,3 +317,12 @@ def test_extra_args_are_read_as_sglangs_own_parser_reads_them(tmp_path, item, sa
     SGLang does not have, each refused by name before any connection (the option table: make sglang-flags)."""
     r, out = check_good_fleet(tmp_path, extra=["-e", json.dumps({"k26_extra_args": [item]})])
     assert r.returncode != 0 and "UNREACHABLE" not in out and said in out, out[-2000:]
+
+
+@pytest.mark.parametrize("extra,said", [
+    ({"k26_verify_host": "198.51.100.7"}, "k26_verify_host=198.51.100.7 is invalid: the verify client sends the API key"),
+    ({"k26_user": "deployer", "ansible_user": "deployer"}, "k26_user=deployer is invalid: it is the account Ansible logs in as"),
+])
+def test_the_verify_host_and_the_service_account_are_held_to_this_host(tmp_path, extra, said):
+    r, out = check_good_fleet(tmp_path, extra=["-e", json.dumps(extra)])
+    assert r.returncode != 0 and said in out, out[-2000:]

@@ -61,7 +61,12 @@ MALFORMED = [
     ("k26_smoke_prompt", "line one\nline two", "printable characters on one line"),
     ("k26_smoke_prompt", "", "printable characters on one line"),
     ("k26_lock_ttl", "2h", "expected an integer 1..604800"),
-    ("k26_max_exposure", "low", "expected a number 0..10"),
+    ("k26_max_exposure", "low", "expected a number 0..5"),
+    ("k26_max_exposure", "1e1", "expected a number 0..5"),
+    ("k26_user", "root", "is an account or group of the system"),
+    ("k26_group", "shadow", "is an account or group of the system"),
+    ("k26_group", "systemd-journal", "is an account or group of the system"),
+    ("k26_serial", 0, "expected an integer 1..64"),
     # folders the project owns: no system folder, no parent of one, nothing under /tmp (issue 29)
     ("k26_state_dir", "/var/lib", "is a system folder or a parent of one"),
     ("k26_state_dir", "/", "is a system folder or a parent of one"),

@@ -499,6 +499,25 @@ def _regex(value, rule: Mapping) -> str | None:
     return None
 
 
+# accounts and groups a Debian 12 host has for other jobs: the service never runs as one nor takes one over
+# (`k26_group: shadow` would give `--trust-remote-code` Python /etc/shadow; issue 48)
+SYSTEM_ACCOUNTS = {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy",
+                   "www-data", "backup", "list", "irc", "gnats", "nobody", "nogroup", "_apt", "messagebus", "sshd",
+                   "shadow", "sudo", "adm", "disk", "kmem", "tty", "dialout", "cdrom", "floppy", "tape", "audio",
+                   "video", "render", "plugdev", "staff", "users", "src", "utmp", "operator", "input", "kvm", "netdev",
+                   "docker", "lxd", "polkitd", "crontab", "ssh", "ssl-cert", "systemd-journal", "systemd-network",
+                   "systemd-resolve", "systemd-timesync", "systemd-coredump", "nvidia-persistenced", "prometheus"}
+
+
+def _service_account(value, rule: Mapping) -> str | None:
+    why = _pattern(UNIX_NAME, "a user or group name (a-z, 0-9, _ and -, starting with a letter or _)")(value, rule)
+    if why:
+        return why
+    if str(value) in SYSTEM_ACCOUNTS or str(value).startswith("systemd-"):
+        return "is an account or group of the system: name one of the project's own (the default k26)"
+    return None
+
+
 MODEL_KEYS = {"name", "source", "dest", "digests"}
 
 
@@ -537,7 +556,7 @@ CHECKS: dict[str, Callable] = {
     "word": _pattern(SAFE_WORD, "one word of letters, digits and ._:/,=@+-"),
     "apt_name": _pattern(APT_NAME, "a Debian package name (a-z, 0-9 and +.-)"),
     "persistenced": _pattern(PERSISTENCED, "/usr/bin/nvidia-persistenced and its options, on one line"),
-    "fixed": _fixed, "derived": _derived, "controller_path": _controller_path, "regex": _regex, "models": _models,
+    "service_account": _service_account, "fixed": _fixed, "derived": _derived, "controller_path": _controller_path, "regex": _regex, "models": _models,
 }
 
 
