@@ -326,3 +326,13 @@ def test_extra_args_are_read_as_sglangs_own_parser_reads_them(tmp_path, item, sa
 def test_the_verify_host_and_the_service_account_are_held_to_this_host(tmp_path, extra, said):
     r, out = check_good_fleet(tmp_path, extra=["-e", json.dumps(extra)])
     assert r.returncode != 0 and said in out, out[-2000:]
+
+
+@pytest.mark.parametrize("playbook,record", [("playbooks/deploy.yml", "record"), ("playbooks/rollback.yml", "save")])
+def test_old_releases_are_removed_only_after_the_rollback_record(playbook, record):
+    """Issue 48: a run stopped between the prune and the record would leave a saved state naming a removed release."""
+    text = (ROOT / playbook).read_text()
+    promote, prune = text.index("tasks_from: promote"), text.index("tasks_from: prune")
+    saved = text.index(f"tasks_from: {record}", promote)      # the record after the promote
+    assert promote < saved < prune
+    assert "prune" not in (ROOT / "roles/release/tasks/promote.yml").read_text().split("# the releases beyond")[0]
