@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import BIN, ROOT, run
+from .conftest import BIN, ROOT, ansible_env, run
 
 PLAYBOOKS = ["playbooks/deploy.yml", "playbooks/snapshot.yml", "playbooks/rollback.yml", "playbooks/sweep.yml",
              "playbooks/maintenance.yml", "playbooks/stage_models.yml",
@@ -114,7 +114,8 @@ def evaluate(expression: str, tmp: Path, extra: dict, files: tuple[str, ...] = (
             "-e", f"ansible_python_interpreter={sys.executable}"]
     for f in files:
         args += ["-e", f"@{ROOT / f}"]
-    r = run(args, tmp)
+    env = {**ansible_env(tmp), "ANSIBLE_FILTER_PLUGINS": str(ROOT / "roles/k26_defaults/filter_plugins")}
+    r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return out.read_text()
 
@@ -137,10 +138,19 @@ def test_a_snapshot_redacts_a_urls_password_and_secret_names_but_keeps_the_rest(
     expression = task["vars"]["_redacted"].strip()[2:-2]
     env = ("K26_API_KEY=abc\nHTTPS_PROXY=http://ops:hunter2@proxy.example:3128\nHF_TOKEN=hf_x\n"
            "DB_PASSWD=p\nNCCL_P2P_DISABLE=1\nNO_PROXY=localhost\n")
-    out = evaluate(expression, tmp_path, {"_env_text": env})
+    shaped = ("MIRROR=https://m.example/x?token=s3cr3tvalue&a=1\nNCCL_DEBUG_SUBSYS=hf_AbCdEfGhIjKlMnOpQrSt\n"
+              "SOME_SETTING=0123456789abcdef0123456789abcdef01\nLOG_URL=https://user:pw1@logs.example/x\n"
+              "PATH=/opt/k26/releases/0123456789abcdef0123456789abcdef/venv/bin:/usr/bin\n"
+              "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7\nSGLANG_DDTREE_BUDGET=1:8,16:16,32:8\n")
+    out = evaluate(expression, tmp_path, {"_env_text": env + shaped})
     assert "hunter2" not in out and "HTTPS_PROXY=http://ops:<redacted>@proxy.example:3128" in out
     assert "K26_API_KEY=<redacted>" in out and "HF_TOKEN=<redacted>" in out and "DB_PASSWD=<redacted>" in out
     assert "NCCL_P2P_DISABLE=1" in out and "NO_PROXY=localhost" in out
+    # issue 48: by the value's shape too, under names that sound harmless
+    for secret in ("s3cr3tvalue", "hf_AbCdEfGhIjKlMnOpQrSt", "0123456789abcdef0123456789abcdef01", "pw1"):
+        assert secret not in out, secret
+    assert "PATH=/opt/k26/releases/0123456789abcdef0123456789abcdef/venv/bin:/usr/bin" in out      # a path part stays
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in out and "SGLANG_DDTREE_BUDGET=1:8,16:16,32:8" in out
 
 
 def test_a_rollback_without_an_inventory_refuses_another_sites_tag_before_any_connection(tmp_path):
