@@ -252,7 +252,7 @@ def test_every_variable_of_every_roles_argument_specs_has_a_rule():
     ({"k26_driver_reboot_timeout": -5}, "k26_driver_reboot_timeout=-5 is invalid: expected an integer 120..7200"),
     ({"k26_gpu_name_pattern": "RTX ("}, "k26_gpu_name_pattern='RTX (' is invalid: is not a regular expression"),
     ({"k26_models": [{"name": "t", "source": "ftp://x/y", "dest": "/srv/m", "digests": "/nonexistent"}]},
-     "source ftp://x/y: expected https://HOST/PATH"),
+     "source ftp://x/y: expected https://HOST[:PORT][/PATH]"),
     ({"k26_gateway_host": "gpu-a"}, "k26_gateway_host=gpu-a is invalid: it is derived from the inventory's k26_gateway group"),
 ])
 def test_each_new_rule_refuses_a_bad_value_before_any_connection(tmp_path, extra, said):

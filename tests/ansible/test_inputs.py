@@ -67,6 +67,10 @@ MALFORMED = [
     ("k26_group", "shadow", "is an account or group of the system"),
     ("k26_group", "systemd-journal", "is an account or group of the system"),
     ("k26_serial", 0, "expected an integer 1..64"),
+    ("k26_models", [{"name": "t", "source": "ftp://h/x", "dest": "/srv/m", "digests": "/etc/hostname"}],
+     "expected https://HOST[:PORT][/PATH]"),
+    ("k26_models", [{"name": "t", "source": "http://127.0.0.1:8000", "dest": "/srv/m", "digests": "/nonexistent/d"}],
+     "digests /nonexistent/d: does not exist on the controller"),
     # folders the project owns: no system folder, no parent of one, nothing under /tmp (issue 29)
     ("k26_state_dir", "/var/lib", "is a system folder or a parent of one"),
     ("k26_state_dir", "/", "is a system folder or a parent of one"),

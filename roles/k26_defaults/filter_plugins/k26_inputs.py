@@ -531,8 +531,10 @@ def _models(value, rule: Mapping) -> str | None:
             return f"item {index}: expected exactly the keys {sorted(MODEL_KEYS)}"
         if MODEL_NAME.fullmatch(str(entry["name"])) is None:
             return f"item {index}: name {entry['name']!r}: expected letters, digits and ._:/-"
-        if not re.fullmatch(r"(https?://[A-Za-z0-9.\[\]:-]+|file://)/[A-Za-z0-9._~/%+-]*", str(entry["source"])):
-            return f"item {index}: source {shown(entry['source'])}: expected https://HOST/PATH, http://HOST/PATH or file:///PATH"
+        if not re.fullmatch(r"https?://[A-Za-z0-9.\[\]:-]+(/[A-Za-z0-9._~/%+-]*)?|file:///[A-Za-z0-9._~/%+-]*",
+                            str(entry["source"])):
+            return (f"item {index}: source {shown(entry['source'])}: expected https://HOST[:PORT][/PATH], "
+                    "http://HOST[:PORT][/PATH] or file:///PATH")
         for key, check in (("dest", _path), ("digests", _controller_path)):
             why = check(entry[key], {"exists": True})
             if why:
