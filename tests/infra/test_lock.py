@@ -80,10 +80,13 @@ def test_another_controllers_lock_fails_fast_and_expires_at_its_ttl(converged, t
           f"echo 'feed someone-else@elsewhere controller-pid 1 since now ttl {ttl}' > {LOCK_DIR}/holder; "
           f"setsid bash -c 'end=$((SECONDS + {ttl})); while [ -e {LOCK_DIR}/token.feed ] && [ $SECONDS -lt $end ]; "
           f"do sleep 1 9>&-; done' </dev/null >/dev/null 2>&1 &")
-    play = deploy(tmp=tmp_path, playbook="tests/infra/plays/lock_only.yml")
-    assert play.rc != 0 and "another play holds /run/k26-deploy/lock" in play.out, play.out[-3000:]
-    assert "someone-else@elsewhere" in play.out        # refused at once, not served after the holder's TTL
-    assert time.time() - started < ttl, "the refusal came only after the holder's TTL"
-    time.sleep(max(0.0, started + ttl + 2 - time.time()))
-    assert lock_is_free()
+    try:
+        play = deploy(tmp=tmp_path, playbook="tests/infra/plays/lock_only.yml")
+        assert play.rc != 0 and "another play holds /run/k26-deploy/lock" in play.out, play.out[-3000:]
+        assert "someone-else@elsewhere" in play.out        # refused at once, not served after the holder's TTL
+        assert time.time() - started < ttl, "the refusal came only after the holder's TTL"
+        time.sleep(max(0.0, started + ttl + 2 - time.time()))
+        assert lock_is_free()
+    finally:      # a failure here must not leave a holder for the next module's tests (each token ends its holder)
+        guest(f"rm -f {LOCK_DIR}/token.*", check=False)
     guest(f"rm -f {LOCK_DIR}/token.feed")
