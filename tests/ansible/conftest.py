@@ -32,8 +32,10 @@ def ansible_env(tmp: Path) -> dict:
     return env
 
 
-def run(args: list[str], tmp: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=ROOT, env=ansible_env(tmp), capture_output=True, text=True, timeout=timeout)
+def run(args: list[str], tmp: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """ARGS in the repository with Ansible's scratch under TMP; ENV adds variables to that environment."""
+    return subprocess.run(args, cwd=ROOT, env={**ansible_env(tmp), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import BIN, ROOT, ansible_env, run
+from .conftest import BIN, ROOT, run
 
 PLAYBOOKS = ["playbooks/deploy.yml", "playbooks/snapshot.yml", "playbooks/rollback.yml", "playbooks/sweep.yml",
              "playbooks/maintenance.yml", "playbooks/stage_models.yml",
@@ -114,8 +114,7 @@ def evaluate(expression: str, tmp: Path, extra: dict, files: tuple[str, ...] = (
             "-e", f"ansible_python_interpreter={sys.executable}"]
     for f in files:
         args += ["-e", f"@{ROOT / f}"]
-    env = {**ansible_env(tmp), "ANSIBLE_FILTER_PLUGINS": str(ROOT / "roles/k26_defaults/filter_plugins")}
-    r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = run(args, tmp, env={"ANSIBLE_FILTER_PLUGINS": str(ROOT / "roles/k26_defaults/filter_plugins")})
     assert r.returncode == 0, r.stdout + r.stderr
     return out.read_text()
 

@@ -510,7 +510,7 @@ SYSTEM_ACCOUNTS = {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp",
 
 
 def _service_account(value, rule: Mapping) -> str | None:
-    why = _pattern(UNIX_NAME, "a user or group name (a-z, 0-9, _ and -, starting with a letter or _)")(value, rule)
+    why = CHECKS["unix_name"](value, rule)
     if why:
         return why
     if str(value) in SYSTEM_ACCOUNTS or str(value).startswith("systemd-"):
@@ -535,8 +535,8 @@ def _models(value, rule: Mapping) -> str | None:
                             str(entry["source"])):
             return (f"item {index}: source {shown(entry['source'])}: expected https://HOST[:PORT][/PATH], "
                     "http://HOST[:PORT][/PATH] or file:///PATH")
-        for key, check in (("dest", _path), ("digests", _controller_path)):
-            why = check(entry[key], {"exists": True})
+        for key, check, key_rule in (("dest", _path, {}), ("digests", _controller_path, {"exists": True})):
+            why = check(entry[key], key_rule)
             if why:
                 return f"item {index}: {key} {shown(entry[key])}: {why}"
     return None
@@ -558,7 +558,8 @@ CHECKS: dict[str, Callable] = {
     "word": _pattern(SAFE_WORD, "one word of letters, digits and ._:/,=@+-"),
     "apt_name": _pattern(APT_NAME, "a Debian package name (a-z, 0-9 and +.-)"),
     "persistenced": _pattern(PERSISTENCED, "/usr/bin/nvidia-persistenced and its options, on one line"),
-    "service_account": _service_account, "fixed": _fixed, "derived": _derived, "controller_path": _controller_path, "regex": _regex, "models": _models,
+    "service_account": _service_account, "fixed": _fixed, "derived": _derived,
+    "controller_path": _controller_path, "regex": _regex, "models": _models,
 }
 
 
@@ -697,10 +698,11 @@ def k26_redact(text) -> str:
     out = []
     for line in str(text).splitlines(keepends=True):
         name, sep, value = line.partition("=")
-        if sep and ENV_NAME_ANY.fullmatch(name.strip()) and SECRET_NAME.fullmatch(name.strip().split()[-1]):
+        assignment = bool(sep) and ENV_NAME_ANY.fullmatch(name.strip()) is not None
+        if assignment and SECRET_NAME.fullmatch(name.strip().split()[-1]):
             out.append(f"{name}=<redacted>" + ("\n" if line.endswith("\n") else ""))
             continue
-        head, value = (name + "=", value) if sep and ENV_NAME_ANY.fullmatch(name.strip()) else ("", line)
+        head, value = (name + "=", value) if assignment else ("", line)
         for pattern, replacement in SECRET_SHAPES:
             value = pattern.sub(replacement, value)
         out.append(head + value)
