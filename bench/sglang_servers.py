@@ -313,14 +313,18 @@ class Fleet:
         self.servers: dict[str, Server] = {}
 
     def start(self, names, timeout: float) -> dict[str, bool]:
-        fresh = [n for n in names if n not in self.servers]
+        """Start the servers named (configuration names, or ServerConfig for one no name describes, e.g. a
+        schedule found by a sweep) that are not running yet; wait for them; ready or not, by name."""
+        configs = [n if isinstance(n, ServerConfig) else config(n) for n in names]
+        fresh = [c for c in configs if c.name not in self.servers]
         if 2 * (len(self.servers) + len(fresh)) > NCCL_PORT_OFFSET:
             raise ValueError(f"{len(self.servers) + len(fresh)} servers are too many for one fleet: its ports would "
                              f"reach its process-group ports (base + {NCCL_PORT_OFFSET}); split them over two fleets")
-        for n in fresh:
+        for c in fresh:
             port = self.base_port + 2 * len(self.servers)
-            self.servers[n] = Server(config(n), port, self.logdir / f"sglang-{n}.log")
-            self.servers[n].start(self.pair)
+            self.servers[c.name] = Server(c, port, self.logdir / f"sglang-{c.name}.log")
+            self.servers[c.name].start(self.pair)
+        fresh = [c.name for c in fresh]
         with ThreadPoolExecutor(max_workers=max(1, len(fresh))) as pool:
             ready = dict(zip(fresh, pool.map(lambda n: self.servers[n].wait_ready(timeout), fresh)))
         return ready

@@ -48,12 +48,20 @@ class Corpus:
     train_files: int
 
 
-def load_corpus(seed: int, heldout_share: float = 0.05) -> tuple[Corpus, list[bytes]]:
+@dataclass
+class Texts:
+    """The raw bytes of the files, per split: prompts are cut from them."""
+
+    heldout: list[bytes]
+    train: list[bytes]
+
+
+def load_corpus(seed: int, heldout_share: float = 0.05) -> tuple[Corpus, Texts]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
     rng = random.Random(seed)
     held = set(rng.sample(range(len(files)), max(1, int(len(files) * heldout_share))))
-    train, heldout, held_names, held_texts = [], [], [], []
+    train, heldout, held_names, held_texts, train_texts = [], [], [], [], []
     bos = np.array([TOK.bos_token_id], dtype=np.int16)
     for i, path in enumerate(files):
         data = path.read_bytes()
@@ -64,9 +72,10 @@ def load_corpus(seed: int, heldout_share: float = 0.05) -> tuple[Corpus, list[by
             held_texts.append(data)
         else:
             train.append(ids)
+            train_texts.append(data)
     corpus = Corpus(torch.from_numpy(np.concatenate(train)).long(), torch.from_numpy(np.concatenate(heldout)).long(),
                     held_names, len(files) - len(held))
-    return corpus, held_texts
+    return corpus, Texts(held_texts, train_texts)
 
 
 # Model sizes: "h200" (~25M target, minutes on the H200) and "small" (~5M target: a 1-2 minute GPU run
@@ -171,7 +180,8 @@ def evaluate(fn, batches: int) -> float:
 
 
 def heldout_prompts(texts: list[bytes], count: int, length: int, seed: int) -> list[list[int]]:
-    """Prompts of about `length` bytes that start at a line start inside held-out files."""
+    """Prompts of about `length` bytes that start at a line start inside the given files (held-out ones, or
+    training ones for --train-prompts)."""
     rng = random.Random(seed)
     usable = [t for t in texts if len(t) > 4 * length]
     prompts = []
@@ -193,6 +203,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--block-sizes", default="8,16")
     ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--train-prompts", type=int, default=0,
+                    help="also write DIR/train_prompts.json: this many prompts cut from training files (text the "
+                         "pair has seen, on which a draft accepts more - a speed benchmark's high-acceptance share)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     limit = MAX_MINUTES["cuda" if args.device.startswith("cuda") else "cpu"]
@@ -201,7 +214,7 @@ def main(argv=None) -> int:
     blocks = [int(b) for b in args.block_sizes.split(",")]
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    corpus, held_texts = load_corpus(args.seed)
+    corpus, texts = load_corpus(args.seed)
     dev = torch.device(args.device)
     train_data, held_data = corpus.train.to(dev), corpus.heldout.to(dev)
     print(f"corpus: {corpus.train_files} training files ({train_data.numel() / 1e6:.1f} MB), "
@@ -242,7 +255,10 @@ def main(argv=None) -> int:
               + " ".join(f"{a:.2f}" for a in accuracy), flush=True)
         save_pair(Pair(target=target, draft=draft, tokenizer=TOK), Path(args.out) / f"b{block}")
     out = Path(args.out)
-    (out / "heldout_prompts.json").write_text(json.dumps(heldout_prompts(held_texts, args.prompts, 256, args.seed)))
+    (out / "heldout_prompts.json").write_text(json.dumps(heldout_prompts(texts.heldout, args.prompts, 256, args.seed)))
+    if args.train_prompts:
+        (out / "train_prompts.json").write_text(
+            json.dumps(heldout_prompts(texts.train, args.train_prompts, 256, args.seed + 1)))
     (out / "train.json").write_text(json.dumps(report, indent=1))
     return 0
 

@@ -161,6 +161,7 @@ class PairRun:
         self.nodes: dict[str, list[nc.NodeDelta]] = {}
         self.kv: dict[str, list[nc.KVDelta]] = {}
         self.widths: dict[str, list[int]] = {}          # verify widths of the steps compared, per server
+        self.by_width: dict[str, dict[int, list[nc.NodeDelta]]] = {}   # the same deltas by verify width
         self.errors: dict[str, str] = {}                # what failed measuring a server (its tests fail on it)
         none = ready(fleet, "none")
         for server_name in (TREE, CHAIN, FAULT, *([] if name in FLIPPING else VARIANTS)):
@@ -195,10 +196,13 @@ class PairRun:
             nc.kv_delta(by_rid[rid][-1], next(r for r in records if r.rid == a["meta_info"]["id"]), len(p))
             for rid, a, p in zip(rids, again, prompts)]
         chosen = spread_over_widths([r for rid in rids for r in by_rid[rid]], MAX_RECORDS)
-        deltas = []
+        deltas, by_width = [], {}
         for rec in chosen:
-            deltas += nc.request_deltas(rec, path_runs(none, rec)).values()
+            step = list(nc.request_deltas(rec, path_runs(none, rec)).values())
+            deltas += step
+            by_width.setdefault(len(rec.tree_tokens), []).extend(step)
         self.nodes[server.config.name] = deltas
+        self.by_width[server.config.name] = dict(sorted(by_width.items()))
         self.widths[server.config.name] = sorted({len(r.tree_tokens) for r in chosen})
 
     def table(self) -> str:
@@ -208,6 +212,9 @@ class PairRun:
             lines.append(f"  {server}: {s.row()}, verify widths {self.widths[server]}")
             lines += [f"    depth {d}: {n} nodes, mean {m:.4f} p99 {p:.4f} max {x:.4f}" for d, (n, m, p, x)
                       in s.by_depth.items()]
+            if len(self.by_width[server]) > 1 and CHAIN in self.nodes:     # where in the widths the deltas sit
+                lines += [f"    width {w}: {nc.summarize(d).row()}; against the chain: "
+                          f"{nc.compare(d, self.nodes[CHAIN]).reason}" for w, d in self.by_width[server].items()]
             kv = self.kv[server]
             lines.append(f"    KV vs prefill: prompt max {max(k.prompt_max for k in kv):.4f}, answer max "
                          f"{max(k.answer_max for k in kv):.4f} mean {sum(k.answer_mean for k in kv) / len(kv):.5f}")
