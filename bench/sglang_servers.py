@@ -315,8 +315,8 @@ class Fleet:
     def start(self, names, timeout: float) -> dict[str, bool]:
         """Start the servers named (configuration names, or ServerConfig for one no name describes, e.g. a
         schedule found by a sweep) that are not running yet; wait for them; ready or not, by name."""
-        configs = [n if isinstance(n, ServerConfig) else config(n) for n in names]
-        fresh = [c for c in configs if c.name not in self.servers]
+        fresh = [n if isinstance(n, ServerConfig) else config(n) for n in names
+                 if (n.name if isinstance(n, ServerConfig) else n) not in self.servers]   # a caller's own kept
         if 2 * (len(self.servers) + len(fresh)) > NCCL_PORT_OFFSET:
             raise ValueError(f"{len(self.servers) + len(fresh)} servers are too many for one fleet: its ports would "
                              f"reach its process-group ports (base + {NCCL_PORT_OFFSET}); split them over two fleets")

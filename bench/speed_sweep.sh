@@ -14,6 +14,7 @@ set -u
 cd "$(dirname "$0")/.."
 W=${SPEED_DIR:-/tmp/ddtree-speed}
 PAIR=$W/pair
+RESULTS=$W-out      # /tmp/ddtree-*/results.json: tests/gpu_sglang/bg.sh wait brings it back while the sweep runs
 mkdir -p "$W"
 t0=$(date +%s)
 say() { echo "[speed $(( $(date +%s) - t0 )) s] $*"; }
@@ -43,10 +44,10 @@ run() {
     > "$W/export.log" 2>&1 || { cat "$W/export.log"; return 1; }
   say "pair exported; the sweep starts"
   python3 bench/sglang_speed.py --pair "$W/sglang-pair" --prompts "$PAIR/heldout_prompts.json" \
-    --train-prompts "$PAIR/train_prompts.json" --out "$W/out" "$@"
+    --train-prompts "$PAIR/train_prompts.json" --out "$RESULTS" "$@"
   rc=$?
-  cp "$PAIR/train.json" "$W/train.log" "$W/out/" 2>/dev/null
-  [ -n "${OUT:-}" ] && tar czf "$OUT/speed.tgz" -C "$W" out
+  cp "$PAIR/train.json" "$W/train.log" "$RESULTS/" 2>/dev/null
+  [ -n "${OUT:-}" ] && tar czf "$OUT/speed.tgz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"
   say "sweep ended (rc $rc)"
   return $rc
 }

@@ -39,7 +39,7 @@ harness = import_bench("sglang_servers")
 pytestmark = pytest.mark.sglang_gpu
 
 TREE, CHAIN, FAULT = "ddtree-b32-c8-graphs-dump", "ddtree-b7-c1-graphs-dump", "ddtree-b32-c8-graphs-dump-fault"
-RADIX = "ddtree-b32-c8-graphs-radix-lp"       # -lp: the first token's log-probs served
+RADIX = "ddtree-b32-c8-graphs-radix"           # its first token's log-probs are served (no switch since 1614ae9)
 NEW_TOKENS = 32
 PROMPTS = 4            # per pair, one at a time
 MAX_RECORDS = 24       # dumped request-steps compared per server
