@@ -17,14 +17,16 @@ def row(config, algorithm, load, tps, budget=None, overlap=False, accept=None):
                           equal_to_none=None, walls=[1.0, 1.1])
 
 
-def test_mixed_prompts_alternate_seen_and_heldout_and_vary_in_length():
-    seen = [[1000 + i] * 300 for i in range(10)]
+def test_mixed_prompts_alternate_seen_and_heldout_vary_in_length_and_reuse_each_file_in_turn():
+    seen = [[1000 + i] * 300 for i in range(3)]
     held = [[2000 + i] * 300 for i in range(10)]
     prompts = speed.mixed_prompts(held, seen, 12)
     assert [p[0] // 1000 for p in prompts] == [1, 2] * 6
     assert [len(p) for p in prompts] == [17 + 15 * i for i in range(12)]
-    with pytest.raises(ValueError, match="need 7 of each kind.*6 seen and 10 held-out"):
-        speed.mixed_prompts(held, seen[:6], 13)
+    assert [p[0] % 1000 for p in prompts[::2]] == [0, 1, 2, 0, 1, 2]          # 3 seen prompts, reused in turn
+    assert speed.prompts_per_load(1) == 24 and speed.prompts_per_load(48) == 384
+    with pytest.raises(ValueError, match="need both kinds.*3 seen and 0 held-out"):
+        speed.mixed_prompts([], seen, 4)
 
 
 def test_switch_points_sit_between_measured_loads():
