@@ -53,7 +53,9 @@ def wait_free(seconds: float) -> bool:
 
 
 def test_a_dead_plays_lock_expires_by_its_ttl_without_a_signal(converged, tmp_path):
-    play = deploy("-e", "k26_lock_ttl=10", tmp=tmp_path, playbook="tests/infra/plays/lock_only.yml")
+    # a TTL of 10 s needs health waits of 5 s at most (the rule: TTL >= 2 x k26_health_timeout)
+    play = deploy("-e", "k26_lock_ttl=10", "-e", "k26_health_timeout=5", tmp=tmp_path,
+                  playbook="tests/infra/plays/lock_only.yml")
     assert play.rc == 0, play.out[-3000:]
     holder = guest(f"cat {LOCK_DIR}/holder").stdout
     assert re.match(r"[0-9a-f]+ \S+@\S+ controller-pid \d+ since \S+ ttl 10$", holder.strip()), holder

@@ -103,3 +103,43 @@ def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
     back = deploy(tmp=tmp_path / "d")
     assert back.rc == 0, back.out[-3000:]
     assert snapshot_of(host)["current"] == start["current"]
+
+
+PROMOTE_ONLY = "tests/infra/plays/promote_only.yml"
+
+
+def test_promotion_needs_the_running_process_to_be_the_release(host, tmp_path):
+    """Issue 48: the release becomes current only when systemd holds no older copy of the unit, the main process
+    runs from the release folder and started after the unit was written; each way of failing that is refused by
+    name and `current` stays where it was. The host is put back as it was after each case."""
+    unit = "/etc/systemd/system/k26-ddtree.service"
+    before = current_release(host)
+    ok = deploy(tmp=tmp_path / "ok", playbook=PROMOTE_ONLY)
+    assert ok.rc == 0, ok.out[-3000:]
+
+    written = host.check_output(f"stat -c %Y {unit}")
+    try:                                   # a lost daemon-reload: the unit on disk is newer than systemd's copy
+        guest(f"echo '# not yet loaded' >> {unit}")
+        lost = deploy(tmp=tmp_path / "lost", playbook=PROMOTE_ONLY)
+    finally:
+        guest(f"sed -i '/^# not yet loaded$/d' {unit} && touch -d @{written} {unit} && systemctl daemon-reload")
+    assert lost.rc != 0 and "not promoting" in lost.out and "NeedDaemonReload=yes" in lost.out, lost.out[-3000:]
+    assert current_release(host) == before
+
+    try:                                   # the unit rewritten after the process started (a restart that never ran)
+        guest(f"touch -d '+1 hour' {unit} && systemctl daemon-reload")
+        stale = deploy(tmp=tmp_path / "stale", playbook=PROMOTE_ONLY)
+    finally:
+        guest(f"touch -d @{written} {unit} && systemctl daemon-reload")
+    assert stale.rc != 0 and "not promoting" in stale.out and "against the unit written at" in stale.out, \
+        stale.out[-3000:]
+    assert current_release(host) == before
+
+    # a release that is not the one running (extra vars win over the play's own fact)
+    promote_other = deploy("-e", "k26_release_dir=/opt/k26/releases/0000", tmp=tmp_path / "other",
+                           playbook=PROMOTE_ONLY)
+    assert promote_other.rc != 0 and "command line under the release: False" in promote_other.out, \
+        promote_other.out[-3000:]
+    assert current_release(host) == before
+    again = deploy(tmp=tmp_path / "again", playbook=PROMOTE_ONLY)
+    assert again.rc == 0, again.out[-3000:]

@@ -80,10 +80,15 @@ def test_an_unhealthy_service_is_refused_unless_forced(repo, tmp_path):
 def test_rollback_restores_an_earlier_snapshot(repo, tmp_path):
     changed = deploy("-e", "k26_ddtree_budget=8", tmp=tmp_path)
     assert changed.rc == 0 and server_budget() == 8
+    # marks an interrupted sweep and validation left for the budget-8 state: the next sweep would put that state
+    # back over the rollback while its release is still current, so the rollback clears them (issue 48)
+    marks = "/var/lib/k26-rollback/sweep-in-progress /var/lib/k26-rollback/validate-in-progress"
+    guest(f"for m in {marks}; do printf 'release: %s\\n' \"$(readlink -f /opt/k26/current)\" > $m; done")
     play = deploy("-e", f"k26_snapshot_repo={repo}", "-e", "snapshot_tag=base-16", tmp=tmp_path,
                   playbook="playbooks/rollback.yml")
     assert play.rc == 0, play.out[-3000:]
     assert server_budget() == 16
+    assert guest(f"ls {marks}", check=False).returncode != 0, "a rollback left an interrupted run's mark"
     unit = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
     assert "--speculative-ddtree-budget 16" in unit
     config = guest("cat /etc/k26/k26-ddtree.yaml").stdout
