@@ -92,3 +92,17 @@ def test_another_controllers_lock_fails_fast_and_expires_at_its_ttl(converged, t
     finally:      # a failure here must not leave a holder for the next module's tests (each token ends its holder)
         guest(f"rm -f {LOCK_DIR}/token.*", check=False)
     guest(f"rm -f {LOCK_DIR}/token.feed")
+
+
+def test_a_run_whose_lock_ran_out_stops_before_its_restart(converged, tmp_path):
+    """Issue 48: the holder re-checks its lock before a restart or a promotion; a lock whose TTL ran out under a
+    waiting run (a second run could hold the host by then) stops it, naming why; a held one lets it go on."""
+    held = deploy("-e", "lock_wait=0", tmp=tmp_path / "held", playbook="tests/infra/plays/lock_check.yml")
+    assert held.rc == 0, held.out[-3000:]
+    assert lock_is_free()
+    lost = deploy("-e", "lock_wait=7", "-e", "k26_lock_ttl=4", "-e", "k26_health_timeout=2", tmp=tmp_path / "lost",
+                  playbook="tests/infra/plays/lock_check.yml")
+    said = re.sub(r"\s+", " ", lost.out)
+    assert lost.rc != 0 and "this run no longer holds the lock /run/k26-deploy (its TTL of 4 s" in said, said[-3000:]
+    assert "stops before it restarts the test's service" in said
+    assert wait_free(10)
