@@ -223,6 +223,34 @@ def test_a_second_roll_fails_fast_while_the_fleet_lock_is_held(fleet, tmp_path):
     wait_until(fleet_lock_free, 15, "the other roll's lock gone")
 
 
+def test_maintenance_takes_the_fleet_lock_for_its_host_and_fails_fast_while_a_roll_holds_it(fleet, tmp_path):
+    """Issue 48: every playbook that drains a host takes the fleet lock for that host's turn, so a maintenance
+    restart while another controller's roll holds it is refused before the host leaves the pool (nothing
+    restarted); once the roll is gone the same restart runs and frees the lock again."""
+    lock = "/run/k26-fleet"
+    pid = guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip()
+    guest(f"exec 9>>{lock}/lock; flock -n 9 || exit 75; : > {lock}/token.cafe; "
+          f"echo 'cafe other-operator@elsewhere controller-pid 1 since now ttl 900' > {lock}/holder; "
+          f"setsid bash -c 'end=$((SECONDS + 900)); while [ -e {lock}/token.cafe ] && [ $SECONDS -lt $end ]; "
+          f"do sleep 1 9>&-; done' </dev/null >/dev/null 2>&1 &", host="k26-gateway")
+    try:
+        refused = deploy("--limit", "sandbox2", "-e", "maintenance_action=restart", playbook="playbooks/maintenance.yml",
+                         fleet=True, tmp=tmp_path / "refused")
+        assert refused.rc != 0 and f"another play holds {lock}/lock" in refused.out, refused.out[-4000:]
+        assert "TASK [Take the host out" not in refused.out.split("Take the fleet lock for this host's turn", 1)[-1]
+        assert guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip() == pid
+        assert ready(SERVERS["sandbox2"][1])
+    finally:
+        guest(f"rm -f {lock}/token.cafe", host="k26-gateway")
+    wait_until(fleet_lock_free, 15, "the other roll's lock gone")
+    with Traffic() as traffic:
+        done = deploy("--limit", "sandbox2", "-e", "maintenance_action=restart", playbook="playbooks/maintenance.yml",
+                      fleet=True, tmp=tmp_path / "done")
+    assert done.rc == 0, done.out[-4000:]
+    assert guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip() != pid
+    assert traffic.failures == [] and fleet_lock_free() and ready(SERVERS["sandbox2"][1])
+
+
 def test_a_first_host_that_fails_stops_the_roll_before_the_second(fleet, tmp_path):
     before = {name: budget(name) for name in SERVERS}
     pid_2 = guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip()
