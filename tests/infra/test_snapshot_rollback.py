@@ -136,3 +136,27 @@ def test_rollback_with_an_encrypted_vault(repo, tmp_path):
         assert f'api-key: "{API_KEY}"' in guest("cat /etc/k26/k26-ddtree.yaml").stdout
     finally:
         shutil.rmtree(inv, ignore_errors=True)
+
+
+HARDENING = re.compile(r"(Protect|Restrict|Private|NoNewPrivileges|CapabilityBoundingSet|AmbientCapabilities|SystemCall"
+                       r"|LockPersonality|RemoveIPC|DevicePolicy|DeviceAllow|UMask|ReadWritePaths)")
+
+
+def test_a_snapshots_unit_above_the_exposure_gate_is_never_installed(repo, tmp_path):
+    """Issue 48: a restored snapshot goes through the deploy's exposure gate - a snapshot whose unit lost its
+    sandboxing (edited in the snapshot repository) is refused by name before its unit is installed, and the host
+    keeps the unit it ran."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True, capture_output=True)
+    git(clone, "checkout", "-q", "base-16")
+    unit = clone / "sandbox" / "k26-ddtree.service"
+    unit.write_text("\n".join(ln for ln in unit.read_text().splitlines() if not HARDENING.match(ln)) + "\n")
+    git(clone, "-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "-qam", "the unit unhardened")
+    git(clone, "tag", "unhardened")
+    before = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
+    play = deploy("-e", f"k26_snapshot_repo={clone}", "-e", "snapshot_tag=unhardened", tmp=tmp_path,
+                  playbook="playbooks/rollback.yml")
+    said = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0 and "has an exposure of" in said and "above k26_max_exposure=4.0" in said, said[-3000:]
+    assert guest("cat /etc/systemd/system/k26-ddtree.service").stdout == before
+    assert guest("systemctl is-active k26-ddtree", check=False).stdout.strip() == "active"
