@@ -36,6 +36,27 @@ def test_malformed_values_are_all_named_before_the_lock_and_change_nothing(host,
     assert service_state(host) == before
 
 
+def test_an_account_or_group_that_is_not_the_projects_is_refused_before_the_lock(host, converged, tmp_path):
+    """Issue 48: a person's account (a login shell, a home of its own) or another program's group named as the
+    service's is refused by preflight on the host, naming it, before the lock - nothing is taken over or changed."""
+    guest("id k26person >/dev/null 2>&1 || useradd -m -s /bin/bash k26person; "
+          "getent group k26other >/dev/null || groupadd -r k26other")
+    try:
+        before = service_state(host)
+        for extra, said in ((("-e", "k26_user=k26person"), "k26_user=k26person is an account of this host that is not "
+                                                             "the project's"),
+                            (("-e", "k26_group=k26other"), "k26_group=k26other is a group of this host that is not the "
+                                                           "project's")):
+            play = deploy(*extra, tmp=tmp_path / extra[1].split("=")[0])
+            text = re.sub(r"\s+", " ", play.out)
+            assert play.rc != 0 and said in text, text[-3000:]
+            assert "Take the host deploy lock" not in play.out
+        assert guest("getent passwd k26person").stdout.split(":")[6].strip() == "/bin/bash"     # not taken over
+        assert service_state(host) == before
+    finally:
+        guest("userdel -r k26person; groupdel k26other", check=False)
+
+
 def test_a_value_past_preflight_is_still_one_word_on_the_command_line(tmp_path, converged):
     # the second wall: render (no preflight) a unit whose values would add flags, lines or expansions if
     # not quoted; run it under another name with an executable that prints each argument it receives
