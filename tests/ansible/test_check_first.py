@@ -333,6 +333,10 @@ def test_extra_args_are_read_as_sglangs_own_parser_reads_them(tmp_path, item, sa
     ({"k26_user": "deployer", "ansible_user": "deployer"}, "k26_user=deployer is invalid: it is the account Ansible logs in as"),
     # issue 48: a lock that expires while its holder still waits for health lets a second run take the host
     ({"k26_lock_ttl": 60, "k26_health_timeout": 120}, "k26_lock_ttl=60 is invalid: expected at least 2 x k26_health_timeout (240 s"),
+    # issue 48: the service's writable folder inside a tree root runs from, or holding the release's
+    ({"k26_state_dir": "/usr/local/lib/python3.11/dist-packages"},
+     "k26_state_dir=/usr/local/lib/python3.11/dist-packages is invalid: it lies inside or holds /usr,"),
+    ({"k26_prefix": "/var/lib/k26/opt"}, "k26_state_dir=/var/lib/k26 is invalid: it lies inside or holds /var/lib/k26/opt"),
 ])
 def test_the_verify_host_and_the_service_account_are_held_to_this_host(tmp_path, extra, said):
     r, out = check_good_fleet(tmp_path, extra=["-e", json.dumps(extra)])

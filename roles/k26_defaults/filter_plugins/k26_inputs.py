@@ -709,9 +709,24 @@ def k26_redact(text) -> str:
     return "".join(out)
 
 
+# Folder trees root runs programs or reads its configuration from: a folder the service user writes to may not be
+# inside one (it would change what root runs), nor hold one (issue 48: k26_state_dir under dist-packages, k26_prefix
+# under the state folder)
+ROOT_TREES = ("/usr", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def k26_nested_trees(writable: str, root_owned: list) -> list[str]:
+    """The folders of ROOT_TREES + root_owned that `writable` lies inside of or holds (equal counts as both)."""
+    def inside(a: str, b: str) -> bool:
+        return (a.rstrip("/") + "/").startswith(b.rstrip("/") + "/")
+    w = str(writable)
+    return [t for t in (*ROOT_TREES, *(str(x) for x in root_owned if x)) if inside(w, t) or inside(t, w)]
+
+
 class FilterModule:
     def filters(self):
         return {"k26_input_errors": k26_input_errors, "k26_sglang_arg_errors": k26_sglang_arg_errors,
                 "k26_redact": k26_redact, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
                 "k26_unit_value": k26_unit_value, "k26_schedule_steps": k26_schedule_steps,
-                "k26_os_refusal": k26_os_refusal, "k26_firewall_peers": k26_firewall_peers}
+                "k26_os_refusal": k26_os_refusal, "k26_firewall_peers": k26_firewall_peers,
+                "k26_nested_trees": k26_nested_trees}
