@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, current_release, deploy
+from .conftest import ROOT, current_release, deploy, guest
 
 API_KEY = "sandbox-demo-key"
 
