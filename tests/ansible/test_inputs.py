@@ -211,6 +211,14 @@ def test_the_roles_own_defaults_pass_their_rules():
             "k26_textfile_dir", "k26_prometheus_retention", "k26_alert_queue_depth_max"} <= set(values)
 
 
+@pytest.mark.parametrize("name", ["k26_wheelhouse", "k26_gateway_wheelhouse"])
+def test_a_wheelhouse_the_first_deploy_fills_need_not_exist_yet(tmp_path, name):
+    # a fresh controller (a clean CI machine, 2026-12-04) has no wheelhouse until the first deploy downloads it:
+    # the rule that wanted it there refused every first deploy
+    assert k26_inputs.k26_input_errors({name: str(tmp_path / "not-yet" / "wheelhouse-0123")}, SPEC) == []
+    assert k26_inputs.k26_input_errors({name: "wheels"}, SPEC) != []           # still an absolute path
+
+
 @pytest.mark.parametrize("path", ["/opt/k26", "/var/lib/k26", "/etc/k26", "/run/k26-deploy", "/srv/k26/state",
                                   "/home/alice/k26", "/opt/k26/current/venv", "/var/lib/k26/gpu-host-report.json"])
 def test_a_folder_of_the_projects_own_passes(path):
