@@ -108,6 +108,15 @@ def fleet_lock_free() -> bool:
     return guest("ls /run/k26-fleet/ | grep -c '^token\\.' || true", host="k26-gateway").stdout.strip() == "0"
 
 
+def run_on_gateway(out: str) -> list[tuple[str, str]]:
+    """(task name, server host) of each task a play ran on the gateway for a server host, in order."""
+    rows = []
+    for chunk in out.split("\nTASK [")[1:]:
+        task = chunk.split("]", 1)[0]
+        rows += [(task, host) for host in re.findall(r"(?:changed|ok): \[(sandbox2?) -> gateway", chunk)]
+    return rows
+
+
 @pytest.fixture(scope="module")
 def fleet(fleet_deployed):
     # the session's one fleet deploy (conftest.fleet_deployed): the gateway and the second server joined the first
@@ -142,8 +151,12 @@ def test_a_rolling_deploy_changes_both_hosts_with_no_failed_request(fleet):
     assert {name: budget(name) for name in SERVERS} == {"sandbox": new, "sandbox2": new}
     # one host at a time: the pool commands run on the gateway for sandbox (take-out, put-back),
     # and only then for sandbox2
-    order = [m.group(1) for m in re.finditer(r"(?:changed|ok): \[(sandbox2?) -> gateway", play.out)]
+    on_gateway = run_on_gateway(play.out)
+    order = [host for task, host in on_gateway if not task.startswith("host_lock :")]
     assert order == ["sandbox", "sandbox", "sandbox2", "sandbox2"], order
+    # each host re-checked the roll's fleet lock on the gateway before its restart and before its promotion (issue 48)
+    rechecks = [host for task, host in on_gateway if task == "host_lock : Check that this run still holds the lock"]
+    assert rechecks == ["sandbox", "sandbox", "sandbox2", "sandbox2"], on_gateway
     assert all(ready(url) for _, url in SERVERS.values()) and fleet_lock_free()
 
 
@@ -249,6 +262,24 @@ def test_maintenance_takes_the_fleet_lock_for_its_host_and_fails_fast_while_a_ro
     assert done.rc == 0, done.out[-4000:]
     assert guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip() != pid
     assert traffic.failures == [] and fleet_lock_free() and ready(SERVERS["sandbox2"][1])
+
+
+def test_a_run_whose_fleet_lock_ended_under_it_stops_before_its_restart(fleet, tmp_path):
+    """Issue 48: the holder re-checks the fleet lock beside its host lock before a restart or a promotion; a fleet lock
+    that ended under the run (here its token removed during the run's wait, as a takeover does) stops it, naming the
+    lock and what it would have done, and both locks end free; a held one lets it go on."""
+    held = deploy("--limit", "sandbox2", "-e", "lock_wait=0", playbook="tests/infra/plays/lock_check.yml", fleet=True,
+                  tmp=tmp_path / "held")
+    assert held.rc == 0, held.out[-3000:]
+    assert ("host_lock : Check that this run still holds the lock", "sandbox2") in run_on_gateway(held.out)
+    assert fleet_lock_free()
+    lost = deploy("--limit", "sandbox2", "-e", "lock_drop=fleet", playbook="tests/infra/plays/lock_check.yml",
+                  fleet=True, tmp=tmp_path / "lost")
+    said = re.sub(r"\s+", " ", lost.out)
+    assert lost.rc != 0 and "sandbox2: this run no longer holds the lock /run/k26-fleet" in said, said[-3000:]
+    assert "stops before it restarts the test's service" in said
+    assert fleet_lock_free()
+    assert guest("flock -n /run/k26-deploy/lock true", host="k26-sandbox-2", check=False).returncode == 0
 
 
 def test_a_first_host_that_fails_stops_the_roll_before_the_second(fleet, tmp_path):
