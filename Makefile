@@ -178,10 +178,11 @@ fuzz-engine: venv
 # every task boundary of every playbook, killed (SIGKILL) and with its SSH connections dropped, each
 # re-run and the host checked, the first server behind the sandbox gateway (tests/infra/crash); hours
 # on 2 cores. PLAYBOOKS=all|"deploy.yml snapshot.yml ..."  MODE=both|kill|ssh-drop  POINTS=all|every:N|N,M,...
-# The table's rows are appended to $(CACHE)/crash-report.md.
+# THEN=pairs|PLAYBOOK: another playbook run whole after each interrupted one (deploy then sweep, sweep then
+# deploy, rollback then deploy). The table's rows are appended to $(CACHE)/crash-report.md.
 crash-test: deploy
 	$(ANSIBLE_ENV) $(PY) -m tests.infra.crash $(or $(PLAYBOOKS),all) --mode $(or $(MODE),both) \
-		--points $(or $(POINTS),all) --pool --report $(CACHE)/crash-report.md
+		--points $(or $(POINTS),all) --pool --report $(CACHE)/crash-report.md $(if $(THEN),--then $(THEN))
 
 # Hash-locked requirements from the top-level pins (tools/lock.py, uv from the test venv): the
 # production release venv (the GPU host's Python, LOCK_PYTHON), the sandbox's (Debian 12's 3.11; torch's

@@ -254,3 +254,93 @@ def test_a_pem_certificate_and_key_pass_and_empty_means_no_tls(tmp_path):
     good = {"k26_gateway_tls_cert": cert.read_text(), "k26_gateway_tls_key": key.read_text()}
     assert k26_inputs.k26_input_errors(good, SPEC) == []
     assert k26_inputs.k26_input_errors({"k26_gateway_tls_cert": "", "k26_gateway_tls_key": ""}, SPEC) == []
+
+
+def folder_results(folders: dict[str, tuple[dict, list[str]]]) -> tuple[list, list]:
+    """A looped stat's and a looped find's results (roles/preflight/tasks/folders.yml) for {name: (stat, entries)}."""
+    stats = [{"item": {"key": name, "value": st.get("path")}, "stat": st} for name, (st, _) in folders.items()]
+    listings = [{"item": r, "files": [{"path": f"{r['stat']['path']}/{e}"} for e in folders[r["item"]["key"]][1]]}
+                for r in stats if r["stat"].get("exists") and r["stat"].get("isdir")]
+    return stats, listings
+
+
+def test_a_folder_of_another_program_is_refused_and_the_projects_own_pass():
+    """Issue 48: a folder the project owns must be new or already the project's - judged on the host by its owner
+    and what it holds (what the roles write there), not only by its name."""
+    own = folder_results({
+        "k26_prefix": ({"exists": True, "isdir": True, "path": "/opt/k26", "pw_name": "root"}, ["releases", "current"]),
+        "k26_state_dir": ({"exists": True, "isdir": True, "path": "/srv/k26", "pw_name": "k26"}, [".ansible"]),
+        "k26_config_dir": ({"exists": True, "isdir": True, "path": "/etc/k26", "pw_name": "root"}, []),
+        "k26_rollback_dir": ({"exists": False, "path": "/var/lib/k26-rollback"}, []),
+    })
+    assert k26_inputs.k26_foreign_folders(*own, "k26") == []
+    foreign = folder_results({
+        "k26_prefix": ({"exists": True, "isdir": True, "path": "/opt/nvidia", "pw_name": "root"}, ["bin", "lib"]),
+        "k26_state_dir": ({"exists": True, "isdir": True, "path": "/var/lib/postgresql", "pw_name": "postgres"},
+                          ["15", "cache"]),
+        "k26_config_dir": ({"exists": True, "isdir": False, "path": "/srv/k26.conf", "pw_name": "root"}, []),
+        "k26_rollback_dir": ({"exists": True, "isdir": True, "path": "/srv/backup", "pw_name": "root"},
+                             [f"f{i}" for i in range(9)]),
+    })
+    said = k26_inputs.k26_foreign_folders(*foreign, "k26")
+    assert len(said) == 4, said
+    assert said[0].startswith("k26_prefix=/opt/nvidia is a folder of this host that is not the project's (owner root, "
+                              "2 entries: bin, lib)") and "the default /opt/k26" in said[0]
+    assert "k26_state_dir=/var/lib/postgresql" in said[1] and "owner postgres" in said[1]    # a sign, a stranger's
+    assert said[2] == "k26_config_dir=/srv/k26.conf exists and is not a folder"
+    assert "9 entries: f0, f1, f2, f3, f4, ..." in said[3]
+    # the state folder of an earlier deploy (owned by the service user) passes whatever it holds; root's does not
+    stranger = folder_results({"k26_state_dir": ({"exists": True, "isdir": True, "path": "/srv/k26",
+                                                  "pw_name": "root"}, ["data"])})
+    assert k26_inputs.k26_foreign_folders(*stranger, "k26") != []
+
+
+SNAPSHOT_UNIT = """[Service]
+User=k26
+Group=k26
+WorkingDirectory=/var/lib/k26
+ExecStart=/opt/k26/releases/0123abcd/venv/bin/sglang serve \\
+    --model-path /srv/models/k26 \\
+    --served-model-name kimi-k2.6 \\
+    --speculative-algorithm DDTREE \\
+    --speculative-ddtree-budget 1:64,8:32 \\
+    --tp 8 \\
+    --trust-remote-code \\
+    --disable-overlap-schedule \\
+    --cuda-graph-backend-decode disabled \\
+    --port 30000 \\
+    --enable-metrics \\
+    --config /etc/k26/k26-ddtree.yaml \\
+    --mem-fraction-static 0.85 \\
+    --disable-radix-cache
+Restart=on-failure
+DeviceAllow=char-nvidia-uvm rw
+DeviceAllow=/dev/nvidiactl rw
+"""
+
+
+def test_a_snapshots_unit_and_env_read_back_into_the_inputs_a_deploy_gives():
+    """Issue 48: a snapshot is checked by the deploy's rules through the variables its unit and env file stand for."""
+    env = 'HOME=/var/lib/k26\nPATH=/opt/k26/venv/bin:/usr/bin\n# a comment\nNCCL_DEBUG=WARN\nSGLANG_X="a b"\n'
+    got = k26_inputs.k26_snapshot_inputs(SNAPSHOT_UNIT, env)
+    assert got == {"k26_user": "k26", "k26_group": "k26", "k26_state_dir": "/var/lib/k26",
+                   "k26_device_allow": ["char-nvidia-uvm rw", "/dev/nvidiactl rw"],
+                   "k26_model_path": "/srv/models/k26", "k26_served_model_name": "kimi-k2.6",
+                   "k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "1:64,8:32", "k26_tp_size": "8",
+                   "k26_port": "30000", "k26_config_dir": "/etc/k26",
+                   "k26_extra_args": ["--mem-fraction-static 0.85", "--disable-radix-cache"], "k26_server_kind": "sglang",
+                   "k26_service_env": {"NCCL_DEBUG": "WARN", "SGLANG_X": "a b"}}
+    assert k26_inputs.k26_input_errors(got, SPEC) == []
+    rule = SPEC["k26_extra_args"]
+    assert k26_inputs.k26_sglang_arg_errors(got["k26_extra_args"], rule["refused"], rule.get("refused_prefixes")) == []
+    # a second --tp, another config file, a loader variable and a device outside the NVIDIA set are each refused
+    edited = (SNAPSHOT_UNIT.replace("--disable-radix-cache", "--disable-radix-cache --tp 1 --config /dev/null")
+              .replace("DeviceAllow=char-nvidia-uvm rw", "DeviceAllow=/dev/sda rw"))
+    got = k26_inputs.k26_snapshot_inputs(edited, env + "LD_PRELOAD=/srv/x.so\n")
+    assert got["k26_extra_args"][-2:] == ["--tp 1", "--config /dev/null"] and got["k26_config_dir"] == "/etc/k26"
+    errors = " | ".join(k26_inputs.k26_input_errors(got, SPEC))
+    for said in ("k26_device_allow=", "LD_PRELOAD is not an allowed name", "k26_extra_args="):
+        assert said in errors, errors
+    assert "/srv/x.so" not in errors
+    said = " | ".join(k26_inputs.k26_sglang_arg_errors(got["k26_extra_args"], rule["refused"], rule.get("refused_prefixes")))
+    assert "SGLang reads it as --tp-size" in said or "SGLang reads it as --tensor-parallel-size" in said, said

@@ -8,7 +8,7 @@ import pytest
 
 from .conftest import deploy
 from .crash.harness import interrupt_and_rerun
-from .crash.scenarios import deploy_to
+from .crash.scenarios import SCENARIOS, deploy_to
 
 SAMPLE = [
     # the unit and env written, the restart handler not yet run: the re-run renders nothing new and
@@ -38,3 +38,23 @@ def test_a_deploy_interrupted_at_a_task_boundary_is_made_whole_by_the_next_run(i
     point = interrupt_and_rerun(deploy_to(budget), mode=mode, at_name=at_name)
     assert point.interrupted, f"the run was not interrupted at {at_name!r} ({mode})"
     assert point.ok, point.detail
+
+
+def test_a_deploy_killed_after_its_render_makes_a_sweep_refuse_and_name_the_deploy_that_heals_it(
+        inventory_settings_after):
+    """Issue 48: one playbook interrupted, a different one next. A deploy killed after writing its unit leaves files
+    no deploy verified; a sweep then refuses them before any change (it would save them as the original to restore
+    and start them) and names deploy.yml, which, run whole, makes the host whole."""
+    point = interrupt_and_rerun(deploy_to(8), mode="kill", at_name="Verify the unit with systemd-analyze",
+                                then=SCENARIOS["playbooks/sweep.yml"])
+    assert point.interrupted and point.ok, point.detail
+    assert point.note.startswith("playbooks/sweep.yml refused and named deploy.yml, nothing changed"), point.note
+
+
+@pytest.mark.extended       # ~2 min; the callback's kill between items runs in make test on a local play
+def test_a_deploy_killed_in_the_middle_of_a_looped_task_is_made_whole_by_the_next_run(inventory_settings_after):
+    """Issue 48: a kill between two items of a looped task (the record's clearing of interrupted runs' marks, after
+    its first item), then the same deploy again."""
+    point = interrupt_and_rerun(deploy_to(12), mode="kill", at_name="Forget what interrupted sweeps and validations saved",
+                                at_item=1)
+    assert point.interrupted and point.ok, point.detail

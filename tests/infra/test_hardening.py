@@ -57,6 +57,24 @@ def test_an_account_or_group_that_is_not_the_projects_is_refused_before_the_lock
         guest("userdel -r k26person; groupdel k26other", check=False)
 
 
+def test_a_folder_of_another_program_is_refused_before_the_lock(host, converged, tmp_path):
+    """Issue 48: a folder the project owns must be new or already the project's; another program's (here a folder of
+    nobody's holding a data file, named as the state folder) is refused on the host before the lock, naming its owner
+    and what it holds - not given to the service user, nothing changed."""
+    guest("mkdir -p /srv/otherapp && touch /srv/otherapp/data.db && chown -R nobody /srv/otherapp")
+    try:
+        before = service_state(host)
+        play = deploy("-e", "k26_state_dir=/srv/otherapp", tmp=tmp_path)
+        text = re.sub(r"\s+", " ", play.out)
+        assert play.rc != 0 and ("k26_state_dir=/srv/otherapp is a folder of this host that is not the project's "
+                                 "(owner nobody, 1 entry: data.db)") in text, text[-3000:]
+        assert "Take the host deploy lock" not in play.out
+        assert guest("stat -c %U /srv/otherapp").stdout.strip() == "nobody"
+        assert service_state(host) == before
+    finally:
+        guest("rm -rf /srv/otherapp")
+
+
 def test_a_value_past_preflight_is_still_one_word_on_the_command_line(tmp_path, converged):
     # the second wall: render (no preflight) a unit whose values would add flags, lines or expansions if
     # not quoted; run it under another name with an executable that prints each argument it receives

@@ -117,8 +117,20 @@ def waited_seconds(text: str) -> float:
 def test_a_config_that_cannot_start_is_reported_at_once_and_rolled_back(host, tmp_path):
     """Issue 47 item 3: with the full hour of k26_health_timeout, a server that cannot start is reported as soon as
     systemd restarts it (well under 2 minutes), the message names the cause and carries the journal; then the
-    rollback restores the previous unit and it is healthy again."""
+    rollback restores the previous unit and it is healthy again. Issue 48: the record is one set behind a link, so a
+    save killed half-way (here: a second set holding only a unit that names the broken model, as a save killed after
+    its first copy leaves it) is never what a rollback restores."""
     make_broken_model()
+    saved = guest("readlink /var/lib/k26-rollback/state").stdout.strip()
+    assert re.fullmatch(r"state\.\w{6}", saved), saved
+    files = set(guest("ls /var/lib/k26-rollback/state/").stdout.split())
+    assert {"k26-ddtree.env", "k26-ddtree.service"} <= files <= {"k26-ddtree.env", "k26-ddtree.service", "gpu-host.env"}
+    assert guest("ls /var/lib/k26-rollback/k26-ddtree.service", check=False).returncode != 0      # no flat copies
+    assert guest("cmp /etc/systemd/system/k26-ddtree.service /var/lib/k26-rollback/state/k26-ddtree.service",
+                 check=False).returncode == 0
+    swap = f"s#/srv/models/tiny-seed0/target#{BROKEN}/target#"
+    guest(f"d=/var/lib/k26-rollback/state.killed && mkdir -m 0700 $d && "
+          f"sed '{swap}' /etc/systemd/system/k26-ddtree.service > $d/k26-ddtree.service")
     play = deploy("-e", f"k26_model_path={BROKEN}/target", "-e", "k26_health_timeout=3600", tmp=tmp_path)
     text = re.sub(r"\s+", " ", play.out)
     assert play.rc != 0
@@ -131,7 +143,26 @@ def test_a_config_that_cannot_start_is_reported_at_once_and_rolled_back(host, tm
     assert "/srv/models/tiny-seed0/target" in unit and "broken" not in unit
     assert host.service("k26-ddtree").is_running
     assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health") == "200"
+    assert guest("readlink /var/lib/k26-rollback/state").stdout.strip() == saved
+    guest(f"rm -rf {BROKEN} /var/lib/k26-rollback/state.killed")
+
+
+@pytest.mark.extended
+def test_a_rollback_folder_saved_flat_by_0_3_0_is_restored_then_saved_as_one_set(host, tmp_path):
+    """Issue 48: a host upgraded from 0.3.0 holds its record as flat files; a failed deploy restores from them, and the
+    next deploy that saves writes one set behind the `state` link and removes the flat copies."""
+    make_broken_model()
+    guest("cd /var/lib/k26-rollback && cp state/* . && rm -rf state state.*")
+    play = deploy("-e", f"k26_model_path={BROKEN}/target", tmp=tmp_path / "broken")
+    text = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0 and "rolled back the unit and the env files" in text and "healthy again" in text, text[-3000:]
+    assert "/srv/models/tiny-seed0/target" in host.file("/etc/systemd/system/k26-ddtree.service").content_string
     guest(f"rm -rf {BROKEN}")
+    again = deploy("-e", "k26_ddtree_budget=10", tmp=tmp_path / "again")           # a change: the record saves
+    assert again.rc == 0, again.out[-3000:]
+    assert re.fullmatch(r"state\.\w{6}", guest("readlink /var/lib/k26-rollback/state").stdout.strip())
+    assert guest("ls /var/lib/k26-rollback/k26-ddtree.service", check=False).returncode != 0
+    assert deploy(tmp=tmp_path / "back").rc == 0
 
 
 @pytest.mark.extended

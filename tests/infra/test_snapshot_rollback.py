@@ -160,3 +160,30 @@ def test_a_snapshots_unit_above_the_exposure_gate_is_never_installed(repo, tmp_p
     assert play.rc != 0 and "has an exposure of" in said and "above k26_max_exposure=4.0" in said, said[-3000:]
     assert guest("cat /etc/systemd/system/k26-ddtree.service").stdout == before
     assert guest("systemctl is-active k26-ddtree", check=False).stdout.strip() == "active"
+
+
+def test_a_snapshot_holding_a_flag_or_env_name_a_deploy_refuses_is_never_installed(repo, tmp_path):
+    """Issue 48: a restored snapshot goes through the same input rules as a deploy - its unit's flags and its env
+    file's names are read back into the variables a deploy would have given; an edited snapshot that adds the API key
+    on the command line and a loader variable is refused naming both (the env value never shown), before the release
+    or the unit is touched."""
+    marker = "K26SNAPSHOTMARKER"
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True, capture_output=True)
+    git(clone, "checkout", "-q", "base-16")
+    unit = clone / "sandbox" / "k26-ddtree.service"
+    unit.write_text(unit.read_text().replace("--enable-metrics", "--enable-metrics --api-key=plain", 1))
+    env = clone / "sandbox" / "k26-ddtree.env.redacted"
+    env.write_text(env.read_text() + f"LD_PRELOAD=/srv/{marker}.so\n")
+    git(clone, "-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "-qam", "a flag and a loader")
+    git(clone, "tag", "foreign-flags")
+    before = guest("cat /etc/systemd/system/k26-ddtree.service /etc/k26/k26-ddtree.env").stdout
+    play = deploy("-e", f"k26_snapshot_repo={clone}", "-e", "snapshot_tag=foreign-flags", tmp=tmp_path,
+                  playbook="playbooks/rollback.yml")
+    said = re.sub(r"\s+", " ", play.out)
+    assert play.rc != 0 and "the snapshot's unit or env file for sandbox holds what a deploy refuses" in said, said[-3000:]
+    assert "k26_service_env=<not shown> is invalid: LD_PRELOAD is not an allowed name" in said
+    assert "k26_extra_args=" in said and "--api-key" in said
+    assert marker not in play.out
+    assert guest("cat /etc/systemd/system/k26-ddtree.service /etc/k26/k26-ddtree.env").stdout == before
+    assert guest("systemctl is-active k26-ddtree", check=False).stdout.strip() == "active"

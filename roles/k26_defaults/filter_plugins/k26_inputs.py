@@ -21,6 +21,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 from collections.abc import Callable, Mapping
 
@@ -715,6 +716,140 @@ def k26_redact(text) -> str:
 ROOT_TREES = ("/usr", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
+# A snapshot's unit and env file back into the inputs a deploy would have given (issue 48: a restored snapshot goes
+# through the same rules as a deploy). The unit template renders these flags from these variables, then the flags it
+# renders from no variable, then k26_extra_args; the env template writes its own names, then k26_service_env.
+UNIT_FLAGS = {"--model-path": "k26_model_path", "--served-model-name": "k26_served_model_name",
+              "--speculative-algorithm": "k26_speculative_algorithm",
+              "--speculative-draft-model-path": "k26_draft_model_path",
+              "--speculative-dflash-block-size": "k26_dflash_block_size",
+              "--speculative-ddtree-budget": "k26_ddtree_budget", "--speculative-ddtree-topk-cap": "k26_ddtree_topk_cap",
+              "--cuda-graph-max-bs-decode": "k26_cuda_graph_max_bs", "--tp": "k26_tp_size",
+              "--attention-backend": "k26_attention_backend", "--max-running-requests": "k26_max_running_requests",
+              "--host": "k26_host", "--port": "k26_port", "--device": "k26_reference_device",
+              "--dtype": "k26_reference_dtype", "--graceful-timeout": "k26_drain_timeout"}
+UNIT_FIXED = {("--trust-remote-code",), ("--enable-metrics",), ("--disable-overlap-schedule",),
+              ("--cuda-graph-backend-decode", "disabled")}
+UNIT_DIRECTIVES = {"User": "k26_user", "Group": "k26_group", "WorkingDirectory": "k26_state_dir"}
+ENV_TEMPLATE_NAMES = {"HOME", "PATH", "SGLANG_CACHE_DIR", "HF_HOME", "TRITON_CACHE_DIR", "K26_API_KEY"}
+
+
+def _unit_words(text: str) -> list[str]:
+    """ExecStart's words (continuation lines joined, systemd's quoting and %% / $$ undone)."""
+    lines, found = [], False
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            found, line = True, line[len("ExecStart="):]
+        elif not found:
+            continue
+        lines.append(line.rstrip().removesuffix("\\"))
+        if not line.rstrip().endswith("\\"):
+            break
+    words = shlex.split(" ".join(lines), posix=True)
+    return [w.replace("%%", "%").replace("$$", "$") for w in words]
+
+
+def _unit_args(words: list[str]) -> tuple[dict, list[str]]:
+    """(the variables the template's own flags give, the k26_extra_args items) of ExecStart's words after the exe.
+    Everything from the first word the template does not render on is an extra arg (a template flag given twice too:
+    the args rule refuses it)."""
+    values: dict = {}
+    extra: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        following = words[index + 1] if index + 1 < len(words) else None
+        takes_value = following is not None and not following.startswith("--")
+        ours = not extra
+        if ours and (word, following) in UNIT_FIXED:
+            index += 2
+        elif ours and (word,) in UNIT_FIXED:
+            index += 1
+        elif ours and takes_value and UNIT_FLAGS.get(word) and UNIT_FLAGS[word] not in values:
+            values[UNIT_FLAGS[word]] = following
+            index += 2
+        elif (ours and takes_value and word == "--config" and "k26_config_dir" not in values
+              and following.endswith("/k26-ddtree.yaml")):
+            values["k26_config_dir"] = following[:-len("/k26-ddtree.yaml")]
+            index += 2
+        else:
+            extra.append(f"{word} {following}" if takes_value else word)
+            index += 2 if takes_value else 1
+    return values, extra
+
+
+def k26_snapshot_inputs(unit_text, env_text) -> dict:
+    """The inputs a snapshot's unit (UNIT_TEXT) and env file (ENV_TEXT, its redacted lines filled) stand for."""
+    values: dict = {}
+    for line in str(unit_text).splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in UNIT_DIRECTIVES:
+            values[UNIT_DIRECTIVES[key]] = value.strip()
+        elif sep and key == "DeviceAllow":
+            values.setdefault("k26_device_allow", []).append(value.strip())
+    words = _unit_words(str(unit_text))
+    start = 2 if len(words) > 1 and words[1] == "serve" else 1
+    values["k26_server_kind"] = "sglang" if start == 2 else "reference"
+    flags, extra = _unit_args(words[start:])
+    values.update(flags)
+    values["k26_extra_args"] = extra
+    env = {}
+    for line in str(env_text).splitlines():
+        name, sep, value = line.partition("=")
+        if not sep or line.lstrip().startswith("#") or name in ENV_TEMPLATE_NAMES:
+            continue
+        env[name] = shlex.split(value)[0] if value.startswith('"') else value
+    values["k26_service_env"] = env
+    return values
+
+
+# What the roles write into each folder the project owns: an existing folder holding one of these (with root or the
+# service user as its owner) is already the project's (issue 48); so is an empty one, and the state folder when the
+# service user owns it. Anything else is another program's folder named by mistake.
+FOLDER_SIGNS = {
+    "k26_prefix": ("releases", "current", "wheelhouse", "venv", "wheels", "requirements.txt"),
+    "k26_state_dir": ("cache", "gpu-host-report.json"),
+    "k26_config_dir": ("k26-ddtree.env", "k26-ddtree.yaml", "gpu-host.env"),
+    "k26_rollback_dir": ("state", "k26-ddtree.service", "k26-ddtree.env", "sweep-original", "validate-original",
+                         "before-snapshot-rollback", "sweep-in-progress", "validate-in-progress",
+                         "validate-prompts.json"),
+}
+FOLDER_DEFAULTS = {"k26_prefix": "/opt/k26", "k26_state_dir": "/var/lib/k26", "k26_config_dir": "/etc/k26",
+                   "k26_rollback_dir": "/var/lib/k26-rollback"}
+
+
+def _foreign_folder(name: str, stat: Mapping, entries: list[str], service_user: str) -> str | None:
+    """Why the folder NAME points at (its stat, its top-level entries) is not the project's, or None."""
+    if not stat.get("exists"):
+        return None
+    path, owner = stat.get("path", "?"), stat.get("pw_name", "?")
+    if not stat.get("isdir"):
+        return f"{name}={path} exists and is not a folder"
+    if not entries:
+        return None
+    if owner in ("root", service_user) and (
+            set(entries) & set(FOLDER_SIGNS.get(name, ())) or (name == "k26_state_dir" and owner == service_user)):
+        return None
+    shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+    count = f"{len(entries)} " + ("entry" if len(entries) == 1 else "entries")
+    return (f"{name}={path} is a folder of this host that is not the project's (owner {owner}, {count}: {shown}): the deploy would give it to the service user or write into it. Name a new folder "
+            f"(the default {FOLDER_DEFAULTS.get(name, 'of the role')}), or empty this one first")
+
+
+def k26_foreign_folders(stats: list, listings: list, service_user: str) -> list[str]:
+    """One message per folder the project owns that exists and is not the project's. STATS: a looped stat's results
+    over {name: path} items; LISTINGS: a looped find's results over those stat results (existing folders only)."""
+    entries = {r["item"]["item"]["key"]: [os.path.basename(f["path"]) for f in r.get("files", [])]
+               for r in listings if not r.get("skipped")}
+    messages = []
+    for result in stats:
+        name = result["item"]["key"]
+        why = _foreign_folder(name, result.get("stat", {}), entries.get(name, []), str(service_user))
+        if why and why not in messages:
+            messages.append(why)
+    return messages
+
+
 def k26_nested_trees(writable: str, root_owned: list) -> list[str]:
     """The folders of ROOT_TREES + root_owned that `writable` lies inside of or holds (equal counts as both)."""
     def inside(a: str, b: str) -> bool:
@@ -729,4 +864,5 @@ class FilterModule:
                 "k26_redact": k26_redact, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
                 "k26_unit_value": k26_unit_value, "k26_schedule_steps": k26_schedule_steps,
                 "k26_os_refusal": k26_os_refusal, "k26_firewall_peers": k26_firewall_peers,
-                "k26_nested_trees": k26_nested_trees}
+                "k26_nested_trees": k26_nested_trees, "k26_foreign_folders": k26_foreign_folders,
+                "k26_snapshot_inputs": k26_snapshot_inputs}

@@ -14,11 +14,41 @@ from pathlib import Path
 from typing import Callable
 
 from ..conftest import BIN, CACHE, ROOT, guest
+from ..conftest import guest as _guest
 
 PLUGINS = Path(__file__).resolve().parent / "callback_plugins"
 UNIT = "/etc/systemd/system/k26-ddtree.service"
-FILES = [UNIT, "/etc/k26/k26-ddtree.env", "/etc/k26/k26-ddtree.yaml", "/etc/k26/gpu-host.env"]
-WORKER_URL = "http://127.0.0.1:30000"            # the first server as the sandbox gateway's file names it
+
+
+@dataclass(frozen=True)
+class Target:
+    """A sandbox server host the harness runs on and checks."""
+    name: str = "sandbox"            # its inventory name
+    guest: str = "k26-sandbox"       # its ssh name (tools/sandbox.sh)
+    port: int = 30000
+
+
+TARGETS = {"sandbox": Target(), "sandbox2": Target("sandbox2", "k26-sandbox-2", 30001)}
+# non-default folders (issue 48): every run of the harness deploys into these instead of the roles' defaults
+ALT_FOLDERS = {"k26_prefix": "/opt/k26-alt", "k26_config_dir": "/etc/k26-alt", "k26_state_dir": "/var/lib/k26-alt"}
+
+
+@dataclass
+class Settings:
+    """What every run of the harness targets (the CLI's --hosts and --folders)."""
+    targets: tuple[Target, ...] = (Target(),)
+    folders: dict = field(default_factory=dict)      # empty: the roles' defaults; else ALT_FOLDERS
+
+    @property
+    def prefix(self) -> str:
+        return self.folders.get("k26_prefix", "/opt/k26")
+
+    @property
+    def config_dir(self) -> str:
+        return self.folders.get("k26_config_dir", "/etc/k26")
+
+
+SETTINGS = Settings()
 GATEWAY_TOOL = ("/opt/k26-gateway/venv/bin/python /opt/k26-gateway/bin/k26_gateway.py pool "
                 "--config /etc/k26-gateway/gateway.yaml status")
 MODES = ("kill", "ssh-drop")
@@ -47,18 +77,26 @@ class Scenario:
     args: Callable[[int, Before], list[str]]
     expect: Callable[[int, Before], list[str]] = lambda k, before: []
     prepare: Callable[[], None] = lambda: None
+    # what must hold when this playbook is the whole run after ANOTHER playbook's interrupted one (sweep and
+    # validate cannot know which unit ran before them then: the common invariants judge)
+    expect_after_other: Callable[[int, Before], list[str]] | None = None
+    # a run that may refuse to start from what another playbook's interrupted run left (sweep and validate refuse
+    # files no deploy verified): the words of that refusal and the fix it names, run whole next
+    refusal: str = ""
+    fix: "Scenario | None" = None
 
 
 @dataclass
 class CrashPoint:
     index: int          # the task start the first run was interrupted at (1-based)
     task: str           # its name
-    mode: str           # kill or ssh-drop
+    mode: str           # kill or ssh-drop (kill after item N: a looped task killed mid-loop)
     interrupted: bool   # the first run died there (SIGKILL) or ended failed or unreachable (ssh-drop)
     rerun_rc: int       # the second run's exit status
     problems: list[str] = field(default_factory=list)
 
     reached: bool = True   # the first run started that many tasks (a run's count varies with what it changes)
+    note: str = ""         # what happened between the interrupted run and the checks (a refusal and its fix)
 
     @property
     def ok(self) -> bool:
@@ -78,7 +116,7 @@ class CrashPoint:
         if self.rerun_rc != 0:
             return f"the re-run failed (rc {self.rerun_rc})"
         survived = "" if self.interrupted else " (the drop hit no command: the first run ended well)"
-        return ("; ".join(self.problems) or "the host holds every invariant") + survived
+        return self.note + ("; ".join(self.problems) or "the host holds every invariant") + survived
 
 
 def _env(scratch: Path, **extra: str) -> dict:
@@ -91,9 +129,11 @@ def _env(scratch: Path, **extra: str) -> dict:
 
 
 def scope(pool: bool) -> list[str]:
-    """The first sandbox server alone; with `pool` its take-out and put-back go to the sandbox gateway
-    (which must be deployed: `make deploy`)."""
-    return ["--limit", "sandbox"] + ([] if pool else ["-e", "k26_gateway_pool=false"])
+    """The harness's hosts (the first sandbox server unless --hosts says more) and folders; with `pool` their
+    take-out and put-back go to the sandbox gateway (which must be deployed: `make deploy`)."""
+    folders = ["-e", json.dumps(SETTINGS.folders)] if SETTINGS.folders else []
+    return (["--limit", ":".join(t.name for t in SETTINGS.targets)] + ([] if pool else ["-e", "k26_gateway_pool=false"])
+            + folders)
 
 
 def play(playbook: str, extra: list[str], scratch: Path, pool: bool = False, **env: str) -> subprocess.CompletedProcess:
@@ -128,73 +168,117 @@ def main_pid() -> str:
     return guest("systemctl show -p MainPID --value k26-ddtree", check=False).stdout.strip()
 
 
+CRASHED = re.compile(r"k26_crash: (?:killed at|killed after item \d+ of|dropping the SSH sessions [\d.]+ s into) "
+                     r"task start (\d+): (.*)")
+
+
 def interrupt_and_rerun(scenario: Scenario, k: int = 0, mode: str = "kill", at_name: str = "", name: str = "",
-                        pool: bool = False) -> CrashPoint:
-    """Interrupt a run at task start `k` (or at the first task named like `at_name`), run the same
-    command again, check the host."""
+                        pool: bool = False, at_item: int = 0, then: Scenario | None = None) -> CrashPoint:
+    """Interrupt a run at task start `k` (or at the first task named like `at_name`; with `at_item`, after that
+    looped task's item `at_item`), run the same command again - or `then`, another playbook's whole run (a deploy
+    after a killed sweep, a sweep after a killed deploy) - and check the host."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
+    if at_item and mode != "kill":
+        raise ValueError(f"at_item={at_item} with mode={mode!r}: a loop is interrupted by kill only")
     scratch = Path(tempfile.mkdtemp(prefix=f"k26-crash-{mode}-{k or 'named'}-", dir=CACHE))
     scenario.prepare()
+    if then is not None:
+        then.prepare()
     was = before()
     extra = scenario.args(k, was)
     where = {"K26_CRASH_AT_NAME": at_name} if at_name else {"K26_CRASH_AT": str(k)}
+    if at_item:
+        where["K26_CRASH_AT_ITEM"] = str(at_item)
     first = play(scenario.playbook, extra, scratch / "first", pool, K26_CRASH_MODE=mode,
                  K26_CRASH_DROP_CMD=drop_command(), **where)
     interrupted = first.returncode == -signal.SIGKILL if mode == "kill" else first.returncode != 0
-    found = re.search(r"k26_crash: (?:killed at|dropping the SSH sessions [\d.]+ s into) task start (\d+): (.*)", first.stdout)
+    found = CRASHED.search(first.stdout)
     if found is None and first.returncode == 0 and not at_name:      # the chosen task start never came
         return CrashPoint(k, name, mode, False, 0, reached=False)
-    second = play(scenario.playbook, extra, scratch / "rerun", pool)
-    problems = invariants(pool) + scenario.expect(k, was) if second.returncode == 0 else [second.stdout[-1500:]]
+    rerun = then or scenario
+    expect = (rerun.expect_after_other or rerun.expect) if then is not None else rerun.expect
+    left = _guest(f"cat {UNIT}", check=False).stdout
+    second = play(rerun.playbook, rerun.args(k, was) if then is not None else extra, scratch / "rerun", pool)
+    note = ""
+    if second.returncode != 0 and rerun.refusal and rerun.fix and rerun.refusal in " ".join(second.stdout.split()):
+        # the run refused what the interrupted one left and named its fix: nothing may have changed, and the fix,
+        # run whole, must make the host whole
+        changed = _guest(f"cat {UNIT}", check=False).stdout != left
+        note = (f"{rerun.playbook} refused and named {rerun.fix.playbook}"
+                + (" BUT CHANGED THE UNIT" if changed else ", nothing changed") + f"; after {rerun.fix.playbook}: ")
+        if changed:
+            return CrashPoint(k, name or at_name, mode, interrupted, 1, ["the refusing run changed the unit"], note=note)
+        second = play(rerun.fix.playbook, rerun.fix.args(k, was), scratch / "fix", pool)
+        expect = rerun.fix.expect
+    problems = invariants(pool) + expect(k, was) if second.returncode == 0 else [second.stdout[-1500:]]
     return CrashPoint(int(found.group(1)) if found else k, found.group(2).strip() if found else name or at_name,
-                      mode, interrupted, second.returncode, problems)
+                      mode, interrupted, second.returncode, problems, note=note)
 
 
 def invariants(pool: bool = False) -> list[str]:
-    """What must hold on the host after any interrupted run was followed by a whole one."""
+    """What must hold on every target host after any interrupted run was followed by a whole one."""
     problems = []
-    if guest("systemctl is-active k26-ddtree", check=False).stdout.strip() != "active":
-        problems.append("the service is not active")
-    if guest("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health", check=False).stdout != "200":
-        problems.append("/health does not answer 200")
-    current = guest("readlink -f /opt/k26/current", check=False).stdout.strip()
-    unit = guest(f"cat {UNIT}", check=False).stdout
-    if not current or f"ExecStart={current}/venv/bin/" not in unit:
-        problems.append(f"the unit does not run the current release {current or '(none)'}")
-    pid = main_pid()
-    cmdline = guest(f"tr '\\0' ' ' < /proc/{pid}/cmdline", check=False).stdout if pid not in ("", "0") else ""
-    if current and current not in cmdline:
-        problems.append(f"the running process ({cmdline[:120]!r}) is not the current release's")
-    started = guest("systemctl show -p ActiveEnterTimestamp --timestamp=unix --value k26-ddtree",
-                    check=False).stdout.strip().lstrip("@")
-    newest = guest("stat -c %Y " + " ".join(FILES) + " 2>/dev/null | sort -n | tail -1", check=False).stdout.strip()
-    if started.isdigit() and newest.isdigit() and int(newest) > int(started):
-        problems.append("the service started before its files were last written (it does not run what they say)")
-    if guest(f"cmp -s {UNIT} /var/lib/k26-rollback/k26-ddtree.service", check=False).returncode != 0:
-        problems.append("the rollback record is not the running unit (the running state was never recorded healthy)")
-    if guest("ls /run/k26-deploy/ 2>/dev/null | grep -c '^token\\.' || true", check=False).stdout.strip() != "0":
-        problems.append("the host lock is still held")
-    marks = guest("ls /var/lib/k26-rollback/ | grep -- '-in-progress$' || true", check=False).stdout.split()
-    if marks:
-        problems.append(f"marked in progress: {marks}")
+    for target in SETTINGS.targets:
+        named = f"{target.name}: " if len(SETTINGS.targets) > 1 else ""
+        problems += [named + p for p in host_invariants(target)]
     if pool:
         problems += pool_problems()
     return problems
 
 
+def host_invariants(target: Target) -> list[str]:
+    """What must hold on one host (see invariants)."""
+    def guest(cmd: str, check: bool = False):
+        return _guest(cmd, check=check, host=target.guest)
+
+    prefix, config = SETTINGS.prefix, SETTINGS.config_dir
+    files = [UNIT, f"{config}/k26-ddtree.env", f"{config}/k26-ddtree.yaml", f"{config}/gpu-host.env"]
+    problems = []
+    if guest("systemctl is-active k26-ddtree", check=False).stdout.strip() != "active":
+        problems.append("the service is not active")
+    if guest(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{target.port}/health").stdout != "200":
+        problems.append("/health does not answer 200")
+    current = guest(f"readlink -f {prefix}/current").stdout.strip()
+    unit = guest(f"cat {UNIT}").stdout
+    if not current or f"ExecStart={current}/venv/bin/" not in unit:
+        problems.append(f"the unit does not run the current release {current or '(none)'}")
+    pid = guest("systemctl show -p MainPID --value k26-ddtree").stdout.strip()
+    cmdline = guest(f"tr '\\0' ' ' < /proc/{pid}/cmdline", check=False).stdout if pid not in ("", "0") else ""
+    if current and current not in cmdline:
+        problems.append(f"the running process ({cmdline[:120]!r}) is not the current release's")
+    started = guest("systemctl show -p ActiveEnterTimestamp --timestamp=unix --value k26-ddtree",
+                    check=False).stdout.strip().lstrip("@")
+    newest = guest("stat -c %Y " + " ".join(files) + " 2>/dev/null | sort -n | tail -1").stdout.strip()
+    if started.isdigit() and newest.isdigit() and int(newest) > int(started):
+        problems.append("the service started before its files were last written (it does not run what they say)")
+    if guest(f"cmp -s {UNIT} /var/lib/k26-rollback/state/k26-ddtree.service", check=False).returncode != 0:
+        problems.append("the rollback record is not the running unit (the running state was never recorded healthy)")
+    sets = guest("ls -d /var/lib/k26-rollback/state.* 2>/dev/null || true", check=False).stdout.split()
+    if len(sets) > 2:          # the one `state` names, and at most one a killed save left (the next save removes it)
+        problems.append(f"saved sets pile up: {sets}")
+    if guest("ls /run/k26-deploy/ 2>/dev/null | grep -c '^token\\.' || true", check=False).stdout.strip() != "0":
+        problems.append("the host lock is still held")
+    marks = guest("ls /var/lib/k26-rollback/ | grep -- '-in-progress$' || true", check=False).stdout.split()
+    if marks:
+        problems.append(f"marked in progress: {marks}")
+    return problems
+
+
 def pool_problems() -> list[str]:
-    """The first server is in the gateway's pool, healthy, ready and takes the gateway's key; the
-    fleet lock is free."""
+    """Every target server is in the gateway's pool, healthy, ready and takes the gateway's key; the fleet lock is
+    free."""
     out = guest(GATEWAY_TOOL, check=False, host="k26-gateway").stdout
     try:
         workers = {w["url"]: w for w in json.loads(out)}
     except ValueError:
         return [f"the gateway's pool status could not be read: {out[:200]!r}"]
-    w = workers.get(WORKER_URL)
     problems = []
-    if not w or not (w["healthy"] and w["status"] == "ready" and w["authorized"]):
-        problems.append(f"{WORKER_URL} is not back in the gateway's pool, healthy, ready and authorized: {w}")
+    for target in SETTINGS.targets:
+        url = f"http://127.0.0.1:{target.port}"       # the server as the sandbox gateway's file names it
+        w = workers.get(url)
+        if not w or not (w["healthy"] and w["status"] == "ready" and w["authorized"]):
+            problems.append(f"{url} is not back in the gateway's pool, healthy, ready and authorized: {w}")
     if guest("ls /run/k26-fleet/ 2>/dev/null | grep -c '^token\\.' || true", check=False,
              host="k26-gateway").stdout.strip() != "0":
         problems.append("the fleet lock is still held")
