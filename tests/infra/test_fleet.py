@@ -105,7 +105,14 @@ def through_gateway(key: str) -> int:
 
 
 def fleet_lock_free() -> bool:
-    return guest("ls /run/k26-fleet/ | grep -c '^token\\.' || true", host="k26-gateway").stdout.strip() == "0"
+    """No token left AND the flock itself free: a holder loop notices its removed token only at its next
+    one-second tick and holds the flock until then (a planted lock right after a token check alone found it
+    held: CI 2026-12-04, exit 75)."""
+    lock = "/run/k26-fleet/lock"
+    state = guest(f"n=$(ls /run/k26-fleet/ | grep -c '^token\\.'); "
+                  f"{{ [ ! -e {lock} ] || flock -n {lock} true; }} && echo \"$n\" || echo held",
+                  host="k26-gateway").stdout.strip()
+    return state == "0"
 
 
 def run_on_gateway(out: str) -> list[tuple[str, str]]:

@@ -142,17 +142,27 @@ HARDENING = re.compile(r"(Protect|Restrict|Private|NoNewPrivileges|CapabilityBou
                        r"|LockPersonality|RemoveIPC|DevicePolicy|DeviceAllow|UMask|ReadWritePaths)")
 
 
+def edited_snapshot(repo, tmp_path, tag: str, message: str, edit) -> Path:
+    """A clone of the snapshot repository whose base-16 snapshot of sandbox EDIT (called with that host's folder)
+    changed, committed and tagged TAG."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True, capture_output=True)
+    git(clone, "checkout", "-q", "base-16")
+    edit(clone / "sandbox")
+    git(clone, "-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "-qam", message)
+    git(clone, "tag", tag)
+    return clone
+
+
 def test_a_snapshots_unit_above_the_exposure_gate_is_never_installed(repo, tmp_path):
     """Issue 48: a restored snapshot goes through the deploy's exposure gate - a snapshot whose unit lost its
     sandboxing (edited in the snapshot repository) is refused by name before its unit is installed, and the host
     keeps the unit it ran."""
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True, capture_output=True)
-    git(clone, "checkout", "-q", "base-16")
-    unit = clone / "sandbox" / "k26-ddtree.service"
-    unit.write_text("\n".join(ln for ln in unit.read_text().splitlines() if not HARDENING.match(ln)) + "\n")
-    git(clone, "-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "-qam", "the unit unhardened")
-    git(clone, "tag", "unhardened")
+    def unharden(host: Path) -> None:
+        unit = host / "k26-ddtree.service"
+        unit.write_text("\n".join(ln for ln in unit.read_text().splitlines() if not HARDENING.match(ln)) + "\n")
+
+    clone = edited_snapshot(repo, tmp_path, "unhardened", "the unit unhardened", unharden)
     before = guest("cat /etc/systemd/system/k26-ddtree.service").stdout
     play = deploy("-e", f"k26_snapshot_repo={clone}", "-e", "snapshot_tag=unhardened", tmp=tmp_path,
                   playbook="playbooks/rollback.yml")
@@ -168,15 +178,13 @@ def test_a_snapshot_holding_a_flag_or_env_name_a_deploy_refuses_is_never_install
     on the command line and a loader variable is refused naming both (the env value never shown), before the release
     or the unit is touched."""
     marker = "K26SNAPSHOTMARKER"
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True, capture_output=True)
-    git(clone, "checkout", "-q", "base-16")
-    unit = clone / "sandbox" / "k26-ddtree.service"
-    unit.write_text(unit.read_text().replace("--enable-metrics", "--enable-metrics --api-key=plain", 1))
-    env = clone / "sandbox" / "k26-ddtree.env.redacted"
-    env.write_text(env.read_text() + f"LD_PRELOAD=/srv/{marker}.so\n")
-    git(clone, "-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "-qam", "a flag and a loader")
-    git(clone, "tag", "foreign-flags")
+    def add_flag_and_loader(host: Path) -> None:
+        unit = host / "k26-ddtree.service"
+        unit.write_text(unit.read_text().replace("--enable-metrics", "--enable-metrics --api-key=plain", 1))
+        env = host / "k26-ddtree.env.redacted"
+        env.write_text(env.read_text() + f"LD_PRELOAD=/srv/{marker}.so\n")
+
+    clone = edited_snapshot(repo, tmp_path, "foreign-flags", "a flag and a loader", add_flag_and_loader)
     before = guest("cat /etc/systemd/system/k26-ddtree.service /etc/k26/k26-ddtree.env").stdout
     play = deploy("-e", f"k26_snapshot_repo={clone}", "-e", "snapshot_tag=foreign-flags", tmp=tmp_path,
                   playbook="playbooks/rollback.yml")

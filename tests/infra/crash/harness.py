@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 from ..conftest import BIN, CACHE, ROOT, guest
-from ..conftest import guest as _guest
 
 PLUGINS = Path(__file__).resolve().parent / "callback_plugins"
 UNIT = "/etc/systemd/system/k26-ddtree.service"
@@ -198,13 +198,13 @@ def interrupt_and_rerun(scenario: Scenario, k: int = 0, mode: str = "kill", at_n
         return CrashPoint(k, name, mode, False, 0, reached=False)
     rerun = then or scenario
     expect = (rerun.expect_after_other or rerun.expect) if then is not None else rerun.expect
-    left = _guest(f"cat {UNIT}", check=False).stdout
+    left = guest(f"cat {UNIT}", check=False).stdout
     second = play(rerun.playbook, rerun.args(k, was) if then is not None else extra, scratch / "rerun", pool)
     note = ""
     if second.returncode != 0 and rerun.refusal and rerun.fix and rerun.refusal in " ".join(second.stdout.split()):
         # the run refused what the interrupted one left and named its fix: nothing may have changed, and the fix,
         # run whole, must make the host whole
-        changed = _guest(f"cat {UNIT}", check=False).stdout != left
+        changed = guest(f"cat {UNIT}", check=False).stdout != left
         note = (f"{rerun.playbook} refused and named {rerun.fix.playbook}"
                 + (" BUT CHANGED THE UNIT" if changed else ", nothing changed") + f"; after {rerun.fix.playbook}: ")
         if changed:
@@ -229,37 +229,35 @@ def invariants(pool: bool = False) -> list[str]:
 
 def host_invariants(target: Target) -> list[str]:
     """What must hold on one host (see invariants)."""
-    def guest(cmd: str, check: bool = False):
-        return _guest(cmd, check=check, host=target.guest)
-
+    on_host = functools.partial(guest, check=False, host=target.guest)
     prefix, config = SETTINGS.prefix, SETTINGS.config_dir
     files = [UNIT, f"{config}/k26-ddtree.env", f"{config}/k26-ddtree.yaml", f"{config}/gpu-host.env"]
     problems = []
-    if guest("systemctl is-active k26-ddtree", check=False).stdout.strip() != "active":
+    if on_host("systemctl is-active k26-ddtree", check=False).stdout.strip() != "active":
         problems.append("the service is not active")
-    if guest(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{target.port}/health").stdout != "200":
+    if on_host(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{target.port}/health").stdout != "200":
         problems.append("/health does not answer 200")
-    current = guest(f"readlink -f {prefix}/current").stdout.strip()
-    unit = guest(f"cat {UNIT}").stdout
+    current = on_host(f"readlink -f {prefix}/current").stdout.strip()
+    unit = on_host(f"cat {UNIT}").stdout
     if not current or f"ExecStart={current}/venv/bin/" not in unit:
         problems.append(f"the unit does not run the current release {current or '(none)'}")
-    pid = guest("systemctl show -p MainPID --value k26-ddtree").stdout.strip()
-    cmdline = guest(f"tr '\\0' ' ' < /proc/{pid}/cmdline", check=False).stdout if pid not in ("", "0") else ""
+    pid = on_host("systemctl show -p MainPID --value k26-ddtree").stdout.strip()
+    cmdline = on_host(f"tr '\\0' ' ' < /proc/{pid}/cmdline", check=False).stdout if pid not in ("", "0") else ""
     if current and current not in cmdline:
         problems.append(f"the running process ({cmdline[:120]!r}) is not the current release's")
-    started = guest("systemctl show -p ActiveEnterTimestamp --timestamp=unix --value k26-ddtree",
+    started = on_host("systemctl show -p ActiveEnterTimestamp --timestamp=unix --value k26-ddtree",
                     check=False).stdout.strip().lstrip("@")
-    newest = guest("stat -c %Y " + " ".join(files) + " 2>/dev/null | sort -n | tail -1").stdout.strip()
+    newest = on_host("stat -c %Y " + " ".join(files) + " 2>/dev/null | sort -n | tail -1").stdout.strip()
     if started.isdigit() and newest.isdigit() and int(newest) > int(started):
         problems.append("the service started before its files were last written (it does not run what they say)")
-    if guest(f"cmp -s {UNIT} /var/lib/k26-rollback/state/k26-ddtree.service", check=False).returncode != 0:
+    if on_host(f"cmp -s {UNIT} /var/lib/k26-rollback/state/k26-ddtree.service", check=False).returncode != 0:
         problems.append("the rollback record is not the running unit (the running state was never recorded healthy)")
-    sets = guest("ls -d /var/lib/k26-rollback/state.* 2>/dev/null || true", check=False).stdout.split()
+    sets = on_host("ls -d /var/lib/k26-rollback/state.* 2>/dev/null || true", check=False).stdout.split()
     if len(sets) > 2:          # the one `state` names, and at most one a killed save left (the next save removes it)
         problems.append(f"saved sets pile up: {sets}")
-    if guest("ls /run/k26-deploy/ 2>/dev/null | grep -c '^token\\.' || true", check=False).stdout.strip() != "0":
+    if on_host("ls /run/k26-deploy/ 2>/dev/null | grep -c '^token\\.' || true", check=False).stdout.strip() != "0":
         problems.append("the host lock is still held")
-    marks = guest("ls /var/lib/k26-rollback/ | grep -- '-in-progress$' || true", check=False).stdout.split()
+    marks = on_host("ls /var/lib/k26-rollback/ | grep -- '-in-progress$' || true", check=False).stdout.split()
     if marks:
         problems.append(f"marked in progress: {marks}")
     return problems
