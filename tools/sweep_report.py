@@ -2,9 +2,12 @@
 configuration with its speed against DFLASH and NONE (same CUDA-graph setting, temperature 0; each
 reference at its fastest overlap-scheduler setting, the bar a DDTREE configuration has to clear).
 
-thresholds.json holds the monitoring role's two speculation floors (k26_alert_sweep_results): the
-accept length under which K26AcceptLengthLow fires (ACCEPT_FLOOR_SHARE of the best configuration's)
-and the tokens/s per request under which K26SlowerThanBaseline fires (NONE's, same graph setting).
+thresholds.json holds the monitoring role's thresholds this sweep measured (k26_alert_sweep_results):
+the accept length under which K26AcceptLengthLow fires (ACCEPT_FLOOR_SHARE of the best configuration's),
+the tokens/s per request under which K26SlowerThanBaseline fires (NONE's, same graph setting), and the
+time-to-first-token and inter-token bounds of K26TimeToFirstTokenHigh / K26InterTokenLatencyHigh: the
+highest 95th percentile of the server's own histograms the best configuration showed at any load this
+sweep ran, times LATENCY_MARGIN.
 
 schedule.json holds the DDTree width by running batch size this sweep measured (issue 32): at each
 concurrency it ran, the fastest DDTREE configuration at temperature 0 (same CUDA-graph setting as the
@@ -30,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 FIELDS = ["algorithm", "budget", "topk_cap", "cuda_graph", "overlap_schedule", "temperature", "concurrency", "tokens_per_s",
           "server_tokens_per_s", "accept_length", "server_accept_length", "latency_p50_s", "latency_p95_s",
-          "requests", "errors", "status"]
+          "ttft_p95_s", "itl_p95_s", "requests", "errors", "status"]
 
 
 def speed(row: dict) -> float:
@@ -75,6 +78,7 @@ def comparison(rows: list[dict]) -> dict | None:
 
 
 ACCEPT_FLOOR_SHARE = 0.8
+LATENCY_MARGIN = 1.5
 
 
 def accept_length(row: dict) -> float:
@@ -94,6 +98,25 @@ def thresholds(summary: dict | None, rows: list[dict]) -> dict:
     if none and int(none.get("concurrency") or 0) > 0:
         out["tokens_per_s_per_request_floor"] = round(speed(none) / int(none["concurrency"]), 3)
         out["from"]["none_tokens_per_s"] = speed(none)
+    out.update(latency_bounds(rows, best))
+    return out
+
+
+def same_configuration(row: dict, best: dict) -> bool:
+    keys = ("budget", "topk_cap", "cuda_graph")
+    return all(str(row.get(k)) == str(best.get(k)) for k in keys) and overlap(row) == overlap(best)
+
+
+def latency_bounds(rows: list[dict], best: dict) -> dict:
+    """The alerts' TTFT and inter-token bounds: LATENCY_MARGIN x the highest 95th percentile the best
+    configuration's rows at temperature 0 measured (every load the sweep ran); none where the server
+    exported no histogram."""
+    mine = [r for r in greedy_ok(rows, "DDTREE") if same_configuration(r, best)]
+    out = {}
+    for key, name in (("ttft_p95_s", "ttft_p95_seconds_max"), ("itl_p95_s", "itl_p95_seconds_max")):
+        measured = [float(r[key]) for r in mine if r.get(key) is not None]
+        if measured:
+            out[name] = round(LATENCY_MARGIN * max(measured), 4)
     return out
 
 

@@ -28,7 +28,7 @@ def test_every_playbook_starts_with_the_input_check_play(playbook):
 
 def test_the_input_check_play_covers_every_host_and_stops_the_whole_run():
     play = yaml.safe_load((ROOT / "playbooks/check_inputs.yml").read_text())[0]
-    assert set(play["hosts"].split(":")) == {"k26", "k26_gateway", "k26_monitor"}
+    assert set(play["hosts"].split(":")) == {"k26", "k26_gateway", "k26_monitor", "k26_grafana"}
     assert play["any_errors_fatal"] is True and play["gather_facts"] is False
 
 
@@ -169,20 +169,25 @@ def test_a_rollback_without_an_inventory_refuses_another_sites_tag_before_any_co
     assert "(ansible.cfg's default, the local sandbox)" in out and "-i inventory/site" in out
 
 
-@pytest.mark.parametrize("monitor,passes", [
-    ({}, False),                                                   # a monitor host, no receiver: refused
-    ({"k26_alert_webhooks": ["https://pager.invalid/hook"]}, True),
-    ({"k26_alerts_unrouted": True}, True),                         # no receiver, on purpose
-    ({"k26_monitoring": False}, True),                             # monitoring left out of the run
+HOOK = ["https://pager.invalid/hook"]
+
+
+@pytest.mark.parametrize("monitor,refusal", [
+    ({}, "k26_alert_webhooks is empty"),                           # a monitor host, no receiver: refused
+    ({"k26_alert_webhooks": HOOK}, "k26_alert_heartbeat_webhooks is empty"),   # no heartbeat service (issue 49)
+    ({"k26_alert_webhooks": HOOK, "k26_alert_heartbeat_webhooks": ["https://heartbeat.invalid/ping"]}, None),
+    ({"k26_alerts_unrouted": True}, None),                         # no receiver, on purpose
+    ({"k26_monitoring": False}, None),                             # monitoring left out of the run
 ])
-def test_a_monitor_host_without_an_alert_receiver_is_refused_unless_on_purpose(tmp_path, monitor, passes):
-    """Issue 47: with a monitor host and no receiver, every alert stays in Alertmanager's UI and pages nobody."""
+def test_a_monitor_host_without_an_alert_receiver_is_refused_unless_on_purpose(tmp_path, monitor, refusal):
+    """Issue 47: with a monitor host and no receiver, every alert stays in Alertmanager's UI and pages nobody; issue
+    49: without a heartbeat service nothing notices the monitoring itself going quiet."""
     r, out = check_good_fleet(tmp_path, lambda groups: groups.update(k26_monitor={"hosts": {"gw": monitor}}))
     assert "unreachable=0" in out
-    if passes:
+    if refusal is None:
         assert r.returncode == 0, out[-3000:]
     else:
-        assert r.returncode != 0 and "gw runs Prometheus and Alertmanager, but k26_alert_webhooks is empty" in out
+        assert r.returncode != 0 and f"gw runs Prometheus and Alertmanager, but {refusal}" in out, out[-3000:]
         assert "k26_alerts_unrouted: true" in out
 
 
@@ -304,6 +309,7 @@ SECRET_MARKER = "k26SecretMarker7f3a"
     {"k26_service_env": {"NCCL_DEBUG": f"{SECRET_MARKER}$(id)"}},
     {"k26_service_env": {"LD_PRELOAD": SECRET_MARKER}},
     {"k26_alert_webhooks": [f"https://pager.invalid/{SECRET_MARKER} hook"]},
+    {"k26_alert_heartbeat_webhooks": [f"https://heartbeat.invalid/{SECRET_MARKER} ping"]},
     {"k26_gateway_tls_key": f"-----BEGIN PRIVATE KEY-----\n{SECRET_MARKER}"},
 ])
 def test_a_bad_secret_is_named_and_never_printed(tmp_path, extra):

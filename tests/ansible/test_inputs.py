@@ -141,6 +141,10 @@ MALFORMED = [
     ("k26_alert_webhooks", "http://hook:8080/a", "expected a list"),
     ("k26_alert_webhooks", ["http://hook:8080/a b"], "item 0"),
     ("k26_alert_webhooks", ["ftp://hook/a"], "an http(s) URL"),
+    ("k26_alert_heartbeat_webhooks", ["ftp://hook/a"], "an http(s) URL"),
+    ("k26_alert_extra_disks", ["relative/path"], "absolute"),
+    ("k26_alert_error_ratio_budget", 0, "0.0001..0.5"),
+    ("k26_alert_kv_usage_max", 1.5, "1"),
     ("k26_node_exporter_port", 0, "expected an integer 1..65535"),
     ("k26_monitor_address", "10.0.0.1 --x", "expected an IPv4 or IPv6 address"),
     ("k26_textfile_dir", "/var/lib", "is a system folder"),
@@ -155,7 +159,8 @@ def test_a_malformed_value_is_named_with_its_value_and_fix(name, value, why):
     errors = k26_inputs.k26_input_errors({name: value}, SPEC)
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"{name}=") and " is invalid: " in errors[0] and why in errors[0], errors[0]
-    if name in ("k26_api_key", "k26_api_key_previous", "k26_gateway_api_keys", "k26_alert_webhooks", "k26_gateway_tls_key"):
+    if name in ("k26_api_key", "k26_api_key_previous", "k26_gateway_api_keys", "k26_alert_webhooks", "k26_alert_heartbeat_webhooks",
+                "k26_gateway_tls_key"):
         shown_items = value if isinstance(value, list) else [value]
         assert not any(str(v) in errors[0] for v in shown_items if v) and "<not shown>" in errors[0]
     assert errors[0].rstrip().split("; ")[-1], "no fix given"

@@ -61,7 +61,8 @@ def targets(prometheus: dict) -> dict[str, list[tuple[str, str]]]:
 
 def test_the_sandbox_scrapes_every_host_from_the_inventory(tmp_path, vault_pass):
     files = render_monitoring(tmp_path, vault_pass, "inventory/sandbox")
-    assert sorted(files) == ["gateway.alertmanager.yml", "gateway.metrics.json", "gateway.prometheus.yml",
+    assert sorted(files) == ["gateway.alertmanager.yml", "gateway.grafana-dashboards-k26.yaml",
+                             "gateway.grafana-datasources-k26.yaml", "gateway.metrics.json", "gateway.prometheus.yml",
                              "sandbox.metrics.json", "sandbox2.metrics.json"]
     prom = yaml.safe_load(files["gateway.prometheus.yml"])
     assert targets(prom) == {
@@ -80,6 +81,10 @@ def test_the_sandbox_scrapes_every_host_from_the_inventory(tmp_path, vault_pass)
     assert server["locks"] == {"host": "/run/k26-deploy"} and server["expected_workers"] == {}
     assert server["service_unit"] == "/etc/systemd/system/k26-ddtree.service"
     assert server["thresholds"]["accept_length_floor"] == 0.9          # the sandbox's random pair (its group_vars)
+    assert server["disks"]["extra-1"] == "/var/lib/k26-disk-standin"     # the disk stand-in the sandbox test fills
+    receivers = yaml.safe_load(files["gateway.alertmanager.yml"])["receivers"]
+    assert [r["webhook_configs"][0]["url"] for r in receivers] == ["http://127.0.0.1:39093/alerts",
+                                                                   "http://127.0.0.1:39093/heartbeat"]
 
 
 def test_the_rendered_configurations_pass_promtool_and_amtool(tmp_path, vault_pass):
@@ -99,7 +104,7 @@ def test_the_rendered_configurations_pass_promtool_and_amtool(tmp_path, vault_pa
             r = subprocess.run(cmd + [str(path)], capture_output=True, text=True, timeout=60)
             assert r.returncode == 0, (name, kind, r.stdout + r.stderr)
         if name == "no-webhook":
-            assert yaml.safe_load(files["gateway.alertmanager.yml"])["receivers"] == [{"name": "k26"}]
+            assert yaml.safe_load(files["gateway.alertmanager.yml"])["receivers"][0] == {"name": "k26"}
 
 
 def test_production_targets_come_from_the_worker_urls_and_the_host_addresses(tmp_path, vault_pass):
@@ -112,23 +117,61 @@ def test_production_targets_come_from_the_worker_urls_and_the_host_addresses(tmp
         "k26-node": [("k26-gpu-01", "192.0.2.10:9100"), ("k26-gw-01", "192.0.2.20:9100")],
         "k26-monitor": [("k26-gw-01", "127.0.0.1:9090"), ("k26-gw-01", "127.0.0.1:9093")]}
     assert prom["global"]["scrape_interval"] == "15s"
-    assert json.loads(files["k26-gpu-01.metrics.json"])["thresholds"] == {
+    server = json.loads(files["k26-gpu-01.metrics.json"])
+    # every threshold the rules read, on every host (no sweep yet: the tokens/s floor is 0, which the rules report
+    # as K26AlertThresholdMissing); the collector's age bound from its interval
+    assert server["thresholds"] == {
         "accept_length_floor": 1.5, "tokens_per_s_per_request_floor": 0.0, "queue_depth_max": 32,
-        "queue_wait_seconds_max": 30.0}
+        "queue_wait_seconds_max": 30.0, "ttft_p95_seconds_max": 10.0, "itl_p95_seconds_max": 0.25,
+        "error_ratio_budget": 0.005, "abort_ratio_max": 0.05, "kv_usage_max": 0.95, "gpu_temperature_max": 85.0,
+        "disk_used_ratio_max": 0.9, "collector_max_age_seconds": 120, "clock_skew_seconds_max": 0.5}
+    assert json.loads(files["k26-gw-01.metrics.json"])["thresholds"] == server["thresholds"]
+    # the root, log and model disks (a gateway host has no model)
+    model = server["disks"].pop("model")
+    assert server["disks"] == {"root": "/", "logs": "/var/log"} and model.startswith("/")
+    assert json.loads(files["k26-gw-01.metrics.json"])["disks"] == {"root": "/", "logs": "/var/log"}
+    # the dead man's switch to its own receiver only, on its own interval
+    alertmanager = yaml.safe_load(files["k26-gw-01.alertmanager.yml"])
+    [heartbeat] = alertmanager["route"]["routes"]
+    assert heartbeat["matchers"] == ['alertname="K26DeadMansSwitch"'] and heartbeat["receiver"] == "k26-heartbeat"
+    assert heartbeat["repeat_interval"] == "5m" and heartbeat["continue"] is False
 
 
 def test_a_sweeps_thresholds_become_the_floors_unless_the_inventory_sets_them(tmp_path, vault_pass):
     sweep = tmp_path / "sweep-results" / "20261202T050000Z"
     sweep.mkdir(parents=True)
-    (sweep / "thresholds.json").write_text(json.dumps({"accept_length_floor": 4.4, "tokens_per_s_per_request_floor": 31.5}))
+    (sweep / "thresholds.json").write_text(json.dumps({"accept_length_floor": 4.4, "tokens_per_s_per_request_floor": 31.5,
+                                                       "ttft_p95_seconds_max": 1.8, "itl_p95_seconds_max": 0.045}))
     files = render_monitoring(tmp_path / "a", vault_pass, "inventory/production",
                               extra=("-e", f"k26_alert_sweep_results={sweep}"))
-    assert json.loads(files["k26-gpu-01.metrics.json"])["thresholds"]["accept_length_floor"] == 4.4
-    assert json.loads(files["k26-gpu-01.metrics.json"])["thresholds"]["tokens_per_s_per_request_floor"] == 31.5
-    # the sandbox's group_vars set the accept floor themselves: the sweep gives only the speed floor there
+    floors = json.loads(files["k26-gpu-01.metrics.json"])["thresholds"]
+    assert (floors["accept_length_floor"], floors["tokens_per_s_per_request_floor"]) == (4.4, 31.5)
+    assert (floors["ttft_p95_seconds_max"], floors["itl_p95_seconds_max"]) == (1.8, 0.045)    # issue 49
+    # the sandbox's group_vars set both floors themselves: the sweep gives only the latency bounds there
     files = render_monitoring(tmp_path / "b", vault_pass, "inventory/sandbox", extra=("-e", f"k26_alert_sweep_results={sweep}"))
     floors = json.loads(files["sandbox.metrics.json"])["thresholds"]
-    assert floors["accept_length_floor"] == 0.9 and floors["tokens_per_s_per_request_floor"] == 31.5
+    assert floors["accept_length_floor"] == 0.9 and floors["tokens_per_s_per_request_floor"] == 0.5
+    assert floors["ttft_p95_seconds_max"] == 1.8
+
+
+def test_a_grafana_host_gets_the_dashboard_folder_and_the_data_source_it_names(tmp_path, vault_pass):
+    """Issue 49: the provisioning files of a k26_grafana host: the dashboard folder the role fills, and a Prometheus
+    data source under the name and uid the dashboard's data-source variable defaults to."""
+    files = render_monitoring(tmp_path, vault_pass, "inventory/sandbox",
+                              extra=("-e", "k26_grafana_prometheus_url=http://10.0.0.5:9090"))
+    [provider] = yaml.safe_load(files["gateway.grafana-dashboards-k26.yaml"])["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"] == "/var/lib/k26-monitoring/grafana"
+    assert provider["allowUiUpdates"] is False
+    [source] = yaml.safe_load(files["gateway.grafana-datasources-k26.yaml"])["datasources"]
+    assert (source["type"], source["url"], source["uid"]) == ("prometheus", "http://10.0.0.5:9090", "k26-prometheus")
+    dashboard = json.loads((ROOT / "roles/monitoring/files/k26-dashboard.json").read_text())
+    [variable] = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
+    assert variable["current"]["value"] == source["name"] == source["uid"]
+    # no k26_grafana host (the production example): no Grafana files
+    inventory = tmp_path / "fleet.yml"
+    inventory.write_text(PRODUCTION_FLEET)
+    assert not [n for n in render_monitoring(tmp_path / "p", vault_pass, "inventory/production", str(inventory))
+                if "grafana" in n]
 
 
 def test_the_package_pins_are_the_makefiles():

@@ -9,6 +9,8 @@ no alert on a healthy fleet for full evaluation cycles; a server stopped by hand
 as K26ServerDown within the rule's `for` plus one scrape, one evaluation and the group wait (and not
 before its `for`); a worker taken out of the gateway's pool by hand reaching it as
 K26GatewayWorkerNotReady; both resolved when put right; a held host lock showing as maintenance.
+Issue 49: the dead man's switch at its own receiver only, repeated; the new series from every host; and
+(extended) a stopped gateway, a full disk stand-in and a stopped collector each firing at Alertmanager's API.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Receiver:
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with outer._lock:
-                    outer.alerts += [{**a, "received": time.monotonic()} for a in body["alerts"]]
+                    outer.alerts += [{**a, "received": time.monotonic(), "path": self.path} for a in body["alerts"]]
                 self.send_response(200)
                 self.end_headers()
 
@@ -54,18 +56,18 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", RECEIVER_PORT), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def find(self, name: str, status: str, **labels) -> dict | None:
+    def find(self, name: str, status: str, path: str = "/alerts", **labels) -> dict | None:
         with self._lock:
             for a in self.alerts:
-                if a["labels"].get("alertname") == name and a["status"] == status and \
+                if a["labels"].get("alertname") == name and a["status"] == status and a["path"] == path and \
                         all(a["labels"].get(k) == v for k, v in labels.items()):
                     return a
         return None
 
-    def wait(self, name: str, status: str, timeout: float, **labels) -> dict:
+    def wait(self, name: str, status: str, timeout: float, path: str = "/alerts", **labels) -> dict:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            found = self.find(name, status, **labels)
+            found = self.find(name, status, path, **labels)
             if found:
                 return found
             time.sleep(0.5)
@@ -163,9 +165,93 @@ def why_firing(firing: list[dict]) -> str:
 def test_a_healthy_fleet_raises_nothing_for_full_evaluation_cycles(monitored):
     since = time.monotonic()
     time.sleep(4 * EVALUATION + GROUP_WAIT)
-    firing = [a for a in alerts() if a["state"] == "firing"]
+    # the dead man's switch always fires (its own receiver: the test below); nothing else may; nor may a rule that
+    # would fire after its `for` be pending (a missing threshold, a stale collector, a target down; the clock's
+    # synchronisation is this machine's, not the sandbox's, and left out)
+    firing = [a for a in alerts() if a["state"] == "firing" and a["labels"]["alertname"] != "K26DeadMansSwitch"]
     assert firing == [], f"{firing}\n{why_firing(firing)}"
-    assert [a for a in monitored.alerts if a["received"] >= since] == []
+    pending = [a for a in alerts() if a["labels"]["alertname"] in
+               ("K26AlertThresholdMissing", "K26CollectorStale", "K26TargetDown", "K26DiskFull", "K26ClockSkew")]
+    assert pending == [], pending
+    assert [a for a in monitored.alerts if a["received"] >= since and a["path"] == "/alerts"] == []
+
+
+def test_the_dead_mans_switch_reaches_its_own_receiver_alone_and_the_new_series_arrive(monitored):
+    """Issue 49: K26DeadMansSwitch is posted to the heartbeat receiver (its own path here), repeatedly, and never to
+    the alerts' receiver; the series the new rules read arrive from every host: the watched disks by purpose, the
+    collector's last run, the node's clock, and the servers' TTFT and inter-token histograms."""
+    first = monitored.wait("K26DeadMansSwitch", "firing", 60, path="/heartbeat")
+    end = time.monotonic() + 90                       # k26_alertmanager_heartbeat_interval: 30s on the sandbox
+    while not any(a["labels"].get("alertname") == "K26DeadMansSwitch" and a["path"] == "/heartbeat"
+                  and a["received"] > first["received"] for a in list(monitored.alerts)):
+        assert time.monotonic() < end, "the heartbeat was not repeated within 90 s"
+        time.sleep(1)
+    assert monitored.find("K26DeadMansSwitch", "firing", "/alerts") is None
+    hosts = {"sandbox", "sandbox2", "gateway"}
+    disks = query('k26_disk_used_ratio')
+    assert {(r["metric"]["host"], r["metric"]["purpose"]) for r in disks} >= \
+        {(h, p) for h in hosts for p in ("root", "logs", "extra-1")} | {("sandbox", "model"), ("sandbox2", "model")}
+    ages = query("time() - k26_collector_last_success_timestamp_seconds")
+    assert {r["metric"]["host"] for r in ages} == hosts and all(float(r["value"][1]) < 120 for r in ages), ages
+    assert {r["metric"]["host"] for r in query("node_time_seconds")} == hosts
+    assert {r["metric"]["host"] for r in query("sglang:time_to_first_token_seconds_count")} == {"sandbox", "sandbox2"}
+    assert {r["metric"]["host"] for r in query("sglang:inter_token_latency_seconds_count")} == {"sandbox", "sandbox2"}
+    assert {r["metric"]["host"] for r in query('sglang:http_responses_total{endpoint="/v1/chat/completions"}')} \
+        == {"sandbox", "sandbox2"}
+    names = {r["name"] for g in httpx.get(PROMETHEUS + "/api/v1/rules").json()["data"]["groups"] for r in g["rules"]}
+    assert {"K26TargetDown", "K26CollectorStale", "K26DiskFull", "K26AlertThresholdMissing", "K26ErrorBudgetBurnFast",
+            "K26TimeToFirstTokenHigh", "K26DeadMansSwitch"} <= names
+    # the Grafana host's provisioning files (no Grafana runs on the sandbox)
+    listing = guest("ls /etc/grafana/provisioning/dashboards /etc/grafana/provisioning/datasources "
+                    "/var/lib/k26-monitoring/grafana", host="k26-gateway").stdout.split()
+    assert {"k26.yaml", "k26-dashboard.json"} <= set(listing), listing
+
+
+def alertmanager_alerts(name: str) -> list[dict]:
+    """The alerts Alertmanager's API holds now under one name (active, not silenced)."""
+    r = httpx.get(ALERTMANAGER + "/api/v2/alerts", params={"filter": f'alertname="{name}"', "active": "true"}, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+@pytest.mark.extended
+def test_a_stopped_gateway_a_full_disk_and_a_stopped_collector_fire_at_alertmanager(monitored):
+    """Issue 49, item 5: one alert of each new kind made to fire for real, at once: the gateway stopped
+    (K26TargetDown, job k26-gateway, after its 2 minutes), a disk stand-in filled (a 1 MiB tmpfs on the watched
+    extra folder of sandbox2: K26DiskFull after its 5), the collector's timer stopped on sandbox (K26CollectorStale
+    once its last run is older than 4 runs and a minute, after its 2); each seen in Alertmanager's API, and gone
+    from it once put right."""
+    standin = "/var/lib/k26-disk-standin"
+    t0 = time.monotonic()
+    guest("systemctl stop k26-gateway", host="k26-gateway")
+    guest(f"mkdir -p {standin} && mount -t tmpfs -o size=1m k26-standin {standin} && "
+          f"(dd if=/dev/zero of={standin}/fill bs=64k 2>/dev/null || true) && df {standin}", host="k26-sandbox-2")
+    guest("systemctl stop k26-metrics.timer", host="k26-sandbox")
+    seen: dict[str, float] = {}
+    try:
+        wanted = {"K26TargetDown": {"host": "gateway", "job": "k26-gateway"},
+                  "K26DiskFull": {"host": "sandbox2", "purpose": "extra-1"},
+                  "K26CollectorStale": {"host": "sandbox"}}
+        end = t0 + 7 * 60 + 60
+        while len(seen) < len(wanted):
+            assert time.monotonic() < end, f"seen {seen} of {list(wanted)} within 8 min; Prometheus: {alerts()}"
+            for name, labels in wanted.items():
+                held = [a for a in alertmanager_alerts(name)
+                        if all(a["labels"].get(k) == v for k, v in labels.items())]
+                if held and name not in seen:
+                    seen[name] = time.monotonic() - t0
+            time.sleep(2)
+        print(f"seen at Alertmanager after (s): {seen}")
+        # not before each rule's `for` (the collector's last run may precede the stop by one 15 s interval)
+        assert seen["K26TargetDown"] >= 120 and seen["K26DiskFull"] >= 300 and seen["K26CollectorStale"] >= 220, seen
+        assert all(a["receivers"] == [{"name": "k26"}] for a in alertmanager_alerts("K26DiskFull"))
+    finally:
+        guest("systemctl start k26-gateway", host="k26-gateway", check=False)
+        guest(f"umount {standin}; rmdir {standin}", host="k26-sandbox-2", check=False)
+        guest("systemctl start k26-metrics.timer", host="k26-sandbox", check=False)
+    for name in ("K26TargetDown", "K26DiskFull", "K26CollectorStale"):   # the API drops a resolved alert
+        wait_for(lambda: not alertmanager_alerts(name), 180, f"{name} resolved")
+    wait_for(lambda: value('count(smg_worker_health == 1)') == 2, 180, "both workers ready behind the gateway again")
 
 
 def test_a_held_host_lock_shows_as_maintenance(monitored):

@@ -79,7 +79,38 @@ def test_the_command_writes_both_files_whole(tmp_path):
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["k26-gpu.prom", "k26-state.prom"]
     assert (out / "k26-gpu.prom").read_text() == 'k26_gpu_collector_skipped{reason="no nvidia-smi on this host"} 1\n'
-    assert 'k26_alert_threshold{name="queue_depth_max"} 8' in (out / "k26-state.prom").read_text()
+    state = (out / "k26-state.prom").read_text()
+    assert 'k26_alert_threshold{name="queue_depth_max"} 8' in state
+    # the run's end, which K26CollectorStale compares with the time (a stopped collector leaves the files)
+    stamp = float(state.split("k26_collector_last_success_timestamp_seconds{} ", 1)[1].split()[0])
+    assert abs(stamp - time.time()) < 60
+
+
+def test_throttle_reasons_one_series_each_and_the_power_limit():
+    """Issue 49: PromQL has no bit operators, so each reason an alert reads is its own 0/1 series; the power limit
+    beside the draw (nvidia-smi's last field)."""
+    smi = ("0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 91, 600.00, 90112, 97887, 0, 0, 1800, 0x0000000000000044, 600.00\n"
+           "1, NVIDIA RTX PRO 6000 Blackwell Server Edition, 55, 120.00, 12, 97887, 0, 0, 2430, 0x0000000000000001, 600.00\n")
+    lines = collector.gpu_lines(smi, "")
+    gpu = 'gpu="{}",name="NVIDIA RTX PRO 6000 Blackwell Server Edition"'
+    active = {ln.split('reason="')[1].split('"')[0] + "@" + ln.split('gpu="')[1][0]: int(ln.rsplit(" ", 1)[1])
+              for ln in lines if ln.startswith("k26_gpu_throttle_active")}
+    assert active == {"sw_power_cap@0": 1, "hw_slowdown@0": 0, "sw_thermal_slowdown@0": 0, "hw_thermal_slowdown@0": 1,
+                      "hw_power_brake_slowdown@0": 0, "sw_power_cap@1": 0, "hw_slowdown@1": 0,
+                      "sw_thermal_slowdown@1": 0, "hw_thermal_slowdown@1": 0, "hw_power_brake_slowdown@1": 0}
+    assert f"k26_gpu_throttle_reasons{{{gpu.format(0)}}} 68" in lines       # the mask stays, 0x44
+    assert f"k26_gpu_power_limit_watts{{{gpu.format(1)}}} 600.0" in lines
+
+
+def test_the_watched_disks_by_purpose(tmp_path):
+    """Issue 49: the root, log, model and extra disks as k26_disk_used_ratio{purpose, path}; a folder not made yet
+    is measured on its parent's disk."""
+    config = {"locks": {}, "disks": {"root": "/", "model": str(tmp_path / "models" / "not-yet")}}
+    lines = collector.state_lines(config, time.time())
+    ratios = {ln.split('purpose="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1])
+              for ln in lines if ln.startswith("k26_disk_used_ratio")}
+    assert sorted(ratios) == ["model", "root"] and all(0 <= r <= 1 for r in ratios.values())
+    assert abs(ratios["model"] - collector.used_ratio(tmp_path)) < 0.01
 
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from ddtree.reference import generate, load_pair
 from ddtree.serve.app import create_app
 
 from .conftest import API_KEY, check_simultaneous_requests_match_the_engine, completion, start_server
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def engine_alone(server, text: str, max_new_tokens: int):
@@ -67,6 +70,50 @@ def test_metrics_count_verify_calls_and_tokens(server):
     assert value(after, "sglang:spec_accept_length") >= 1.0
     assert "sglang:num_requests_total" in after and "sglang:prompt_tokens_total" in after
     assert value(after, "sglang:is_cuda_graph") == 0.0       # CPU: eager steps (1.0 under graphs: tests/gpu)
+
+
+def test_latency_histograms_and_answers_by_status_use_sglangs_names(server):
+    """Issue 49: the alerts read SGLang's TTFT and inter-token histograms and its answers by endpoint and status;
+    ddtree-serve exports them under the same names: one first token per request, one gap per later token, a 401
+    and a 400 counted on their routes, an unknown path as "other"."""
+    def count(text: str, name: str, **labels) -> float:
+        want = [f'{k}="{v}"' for k, v in labels.items()]
+        found = [x for x in text.splitlines() if x.startswith(name + "{") and all(w in x for w in want)]
+        return sum(float(x.rsplit(" ", 1)[1]) for x in found)
+
+    with server.client() as c:
+        before = c.get("/metrics").text
+        tokens = completion(c, "latency please", max_tokens=7)["usage"]["completion_tokens"]
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": -1}).status_code == 400
+        assert c.get("/no/such/path").status_code == 404
+    with server.client(key="wrong") as c:
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 401
+    with server.client() as c:
+        after = c.get("/metrics").text
+
+    def grew(name: str, **labels) -> float:
+        return count(after, name, **labels) - count(before, name, **labels)
+
+    assert grew("sglang:time_to_first_token_seconds_count") == 1
+    assert tokens >= 2 and grew("sglang:inter_token_latency_seconds_count") == tokens - 1     # one gap per later token
+    assert grew("sglang:time_to_first_token_seconds_bucket", le="+Inf") == 1
+    assert grew("sglang:http_responses_total", endpoint="/v1/completions", status_code="200", method="POST") == 1
+    assert grew("sglang:http_responses_total", endpoint="/v1/completions", status_code="400", method="POST") == 1
+    assert grew("sglang:http_responses_total", endpoint="other", status_code="404", method="GET") == 1
+    assert grew("sglang:http_responses_total", status_code="401", method="POST") == 1
+
+
+def test_the_sweeps_load_measures_the_latency_percentiles_from_the_servers_histograms(server, tmp_path):
+    """Issue 49: the sweep's client (k26_client.py load, as sweep.yml runs it) reads the TTFT and inter-token 95th
+    percentiles from the server's histograms over its load: the alerts' bounds come from them."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f'api-key: "{API_KEY}"\n')
+    model = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()["data"][0]["id"]
+    r = subprocess.run([sys.executable, str(ROOT / "roles/verify/files/k26_client.py"), "load", server.url, model, "8", "4",
+                        "0"], capture_output=True, text=True, timeout=300, env={**os.environ, "K26_CONFIG_FILE": str(config)})
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    assert row["errors"] == 0 and 0 < row["ttft_p95_s"] <= 400 and 0 < row["itl_p95_s"] <= 8, row
 
 
 def test_completion_matches_the_engine_and_reports_spec_details(server):

@@ -45,6 +45,19 @@ def test_no_none_row_leaves_the_speed_floor_out_and_no_ddtree_row_gives_nothing(
     assert report.thresholds(report.comparison([row("NONE", 1.0, 1.0)]), [row("NONE", 1.0, 1.0)]) == {}
 
 
+def test_the_latency_bounds_are_the_best_configurations_worst_load_with_a_margin():
+    """Issue 49: the TTFT and inter-token bounds of the alerts: 1.5 x the highest 95th percentile the best
+    configuration measured at any load (not another configuration's, not a sampled row's); none without histograms."""
+    rows = [dict(row("DDTREE", 900.0, 7.0, 32, 8, concurrency=1), ttft_p95_s=0.4, itl_p95_s=0.02),
+            dict(row("DDTREE", 800.0, 7.0, 32, 8, concurrency=8), ttft_p95_s=1.2, itl_p95_s=0.03),
+            dict(row("DDTREE", 500.0, 5.0, 16, 4, concurrency=8), ttft_p95_s=9.0, itl_p95_s=0.5),
+            dict(row("DDTREE", 700.0, 7.0, 32, 8, concurrency=8, temperature=0.7), ttft_p95_s=7.0, itl_p95_s=0.4),
+            row("NONE", 160.0, 1.0, concurrency=1)]
+    t = report.thresholds(report.comparison(rows), rows)
+    assert (t["ttft_p95_seconds_max"], t["itl_p95_seconds_max"]) == (1.8, 0.045)
+    assert "ttft_p95_seconds_max" not in report.thresholds(report.comparison(ROWS), ROWS)     # no histograms
+
+
 def test_the_command_writes_thresholds_json_beside_the_results(tmp_path):
     (tmp_path / "rows.json").write_text(json.dumps(ROWS))
     r = subprocess.run([sys.executable, str(ROOT / "tools/sweep_report.py"), str(tmp_path)], capture_output=True, text=True,

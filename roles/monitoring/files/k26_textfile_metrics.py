@@ -3,16 +3,20 @@ root; each file written whole, then renamed, so a scrape never reads half of one
 
     k26_textfile_metrics.py --out DIR --config FILE
 
-k26-gpu.prom      from `nvidia-smi --query-gpu` (temperature, power, memory, ECC, clocks, throttle
-                  reasons) and the kernel log's `NVRM: Xid` lines, counted by code since boot; a host
-                  without nvidia-smi gets k26_gpu_collector_skipped{reason=...} 1 instead.
+k26-gpu.prom      from `nvidia-smi --query-gpu` (temperature, power and its limit, memory, ECC, clocks,
+                  throttle reasons: the bit mask and one 0/1 series per reason an alert reads) and the
+                  kernel log's `NVRM: Xid` lines, counted by code since boot; a host without nvidia-smi
+                  gets k26_gpu_collector_skipped{reason=...} 1 instead.
 k26-state.prom    the deploy locks (held, since how long, their TTL: k26_maintenance is 1 while the
                   host lock is held - a deploy, sweep or validation is changing the host), the used share
                   of the snapshot folders' disks, the alert thresholds and, on a gateway host, the
                   workers it must route to (from FILE, which the monitoring role writes from the inventory),
                   and on a k26 host what it runs: k26_service_info{release, algorithm, budget, topk_cap,
                   cuda_graph} 1 (the release `current` points at; the rest from the unit's ExecStart, so
-                  a sweep's configuration shows while it runs).
+                  a sweep's configuration shows while it runs); the used share of the root, model and log
+                  disks (k26_disk_used_ratio{purpose, path}); and the time this run finished
+                  (k26_collector_last_success_timestamp_seconds: a stopped or failing collector leaves
+                  its files in place, so their values alone cannot show it).
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ from pathlib import Path
 
 GPU_FIELDS = ("index", "name", "temperature.gpu", "power.draw", "memory.used", "memory.total",
               "ecc.errors.uncorrected.volatile.total", "ecc.errors.corrected.volatile.total", "clocks.sm",
-              "clocks_throttle_reasons.active")
+              "clocks_throttle_reasons.active", "power.limit")
+# nvidia-smi's clocks_throttle_reasons bits that slow a GPU down against its will (NVML's
+# nvmlClocksEventReason*: idle, application clocks, sync boost and display clocks are left out)
+THROTTLE_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+                    0x80: "hw_power_brake_slowdown"}
 XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)")
 HOLDER = re.compile(r"^(?P<token>[0-9a-f]+) (?P<owner>\S+) controller-pid (?P<pid>\S+) since (?P<since>\S+) ttl (?P<ttl>\d+)")
 
@@ -60,7 +68,8 @@ def gpu_lines(smi: str | None, kernel_log: str) -> list[str]:
     names = {"temperature.gpu": "k26_gpu_temperature_celsius", "power.draw": "k26_gpu_power_watts",
              "memory.used": "k26_gpu_memory_used_mib", "memory.total": "k26_gpu_memory_total_mib",
              "ecc.errors.uncorrected.volatile.total": "k26_gpu_ecc_uncorrected_errors",
-             "ecc.errors.corrected.volatile.total": "k26_gpu_ecc_corrected_errors", "clocks.sm": "k26_gpu_sm_clock_mhz"}
+             "ecc.errors.corrected.volatile.total": "k26_gpu_ecc_corrected_errors", "clocks.sm": "k26_gpu_sm_clock_mhz",
+             "power.limit": "k26_gpu_power_limit_watts"}
     for row in smi.strip().splitlines():
         cells = dict(zip(GPU_FIELDS, (c.strip() for c in row.split(","))))
         labels = {"gpu": cells["index"], "name": cells["name"]}
@@ -70,7 +79,7 @@ def gpu_lines(smi: str | None, kernel_log: str) -> list[str]:
                 out.append(line(metric, labels, value))
         reasons = cells.get("clocks_throttle_reasons.active", "")
         if reasons.startswith("0x"):
-            out.append(line("k26_gpu_throttle_reasons", labels, int(reasons, 16)))
+            out += throttle_lines(labels, int(reasons, 16))
     counts: dict[tuple[str, str], int] = {}
     for m in XID.finditer(kernel_log):
         key = (m["pci"].lower(), m["xid"])
@@ -78,6 +87,14 @@ def gpu_lines(smi: str | None, kernel_log: str) -> list[str]:
     for (pci, xid), n in sorted(counts.items()):
         out.append(line("k26_gpu_xid_errors_total", {"pci": pci, "xid": xid}, n))
     return out
+
+
+def throttle_lines(labels: dict, mask: int) -> list[str]:
+    """The mask as nvidia-smi gave it, and k26_gpu_throttle_active{reason} 0/1 for each reason an alert
+    reads (PromQL has no bit operators)."""
+    return [line("k26_gpu_throttle_reasons", labels, mask)] + [
+        line("k26_gpu_throttle_active", {**labels, "reason": reason}, int(bool(mask & bit)))
+        for bit, reason in THROTTLE_REASONS.items()]
 
 
 def read_gpus() -> tuple[str | None, str]:
@@ -141,6 +158,15 @@ def lock_state(folder: Path, now: float) -> LockState:
     return LockState(True, max(0.0, now - since), float(found["ttl"]))
 
 
+def used_ratio(path: Path) -> float:
+    """The used share of the file system holding path (its nearest existing parent: a folder a deploy
+    has not made yet), as df counts it: the blocks an unprivileged user cannot use are used."""
+    while not path.exists():
+        path = path.parent
+    st = os.statvfs(path)
+    return round(1 - st.f_bavail / st.f_blocks, 4) if st.f_blocks else 0.0
+
+
 def state_lines(config: dict, now: float) -> list[str]:
     out = []
     maintenance = 0
@@ -152,12 +178,9 @@ def state_lines(config: dict, now: float) -> list[str]:
         maintenance |= state.held and name == "host"
     out.append(line("k26_maintenance", {}, int(maintenance)))
     for path in config.get("snapshot_paths", []):
-        probe = Path(path)
-        while not probe.exists():
-            probe = probe.parent
-        st = os.statvfs(probe)
-        used = 1 - st.f_bavail / st.f_blocks if st.f_blocks else 0.0
-        out.append(line("k26_snapshot_disk_used_ratio", {"path": path}, round(used, 4)))
+        out.append(line("k26_snapshot_disk_used_ratio", {"path": path}, used_ratio(Path(path))))
+    for purpose, path in sorted(config.get("disks", {}).items()):
+        out.append(line("k26_disk_used_ratio", {"purpose": purpose, "path": path}, used_ratio(Path(path))))
     for name, value in sorted(config.get("thresholds", {}).items()):
         out.append(line("k26_alert_threshold", {"name": name}, value))
     for worker, host in sorted(config.get("expected_workers", {}).items()):
@@ -204,7 +227,7 @@ def write_textfile(folder: Path, name: str, lines: list[str]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="the node exporter's textfile folder")
-    ap.add_argument("--config", type=Path, required=True, help="JSON: locks, snapshot_paths, thresholds, expected_workers, service_unit, current_release")
+    ap.add_argument("--config", type=Path, required=True, help="JSON: locks, snapshot_paths, disks, thresholds, expected_workers, service_unit, current_release")
     args = ap.parse_args(argv)
     config = json.loads(args.config.read_text())
     smi, kernel_log = read_gpus()
@@ -213,7 +236,9 @@ def main(argv=None) -> int:
     unit_text = unit.read_text() if unit is not None and unit.exists() else None
     current = Path(config.get("current_release", "/nonexistent"))
     release = current.resolve().name if current.is_symlink() else ""
-    write_textfile(args.out, "k26-state.prom", state_lines(config, time.time()) + service_lines(unit_text, release))
+    now = time.time()
+    finished = [line("k26_collector_last_success_timestamp_seconds", {}, round(now, 3))]
+    write_textfile(args.out, "k26-state.prom", state_lines(config, now) + service_lines(unit_text, release) + finished)
     return 0
 
 

@@ -22,6 +22,7 @@ a JSON string), never from the command line or the environment.
 
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -119,33 +120,68 @@ def smoke(url: str, model: str, max_tokens: int, prompt: str) -> None:
 
 
 COUNTERS = ("sglang:generation_tokens_total", "sglang:spec_verify_calls_total")
+# SGLang's latency histograms: the sweep measures the alerts' TTFT and inter-token bounds from them (issue 49)
+HISTOGRAMS = {"ttft": "sglang:time_to_first_token_seconds_bucket", "itl": "sglang:inter_token_latency_seconds_bucket"}
+LE = re.compile(r'le="([^"]+)"')
 
 
 def counters(url: str) -> dict:
-    """The server's own token and verify-step counters from /metrics, summed over their label sets
-    (SGLang labels them by model, rank and streaming); {} when /metrics does not answer."""
+    """The server's own token and verify-step counters and its latency histograms' buckets from /metrics,
+    summed over their label sets (SGLang labels them by model, rank and streaming): {name: total} and
+    {(histogram, upper bound): count}; {} when /metrics does not answer."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
             text = resp.read().decode()
     except (urllib.error.URLError, OSError):
         return {}
-    totals = dict.fromkeys(COUNTERS, 0.0)
+    totals: dict = dict.fromkeys(COUNTERS, 0.0)
+    buckets = {name: short for short, name in HISTOGRAMS.items()}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
+        if name in COUNTERS:
             totals[name] += float(line.rsplit(" ", 1)[1])
+        elif name in buckets and LE.search(line):
+            key = (buckets[name], float(LE.search(line).group(1)))
+            totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return totals
+
+
+def quantile(q: float, counts: dict[float, float]) -> float | None:
+    """Prometheus's histogram_quantile over cumulative bucket counts {upper bound: count}: linear inside the
+    bucket the rank falls in (the lowest bucket from 0; a rank in +Inf gives the highest finite bound)."""
+    bounds = sorted(counts)
+    if not bounds or counts[bounds[-1]] <= 0:
+        return None
+    rank, lower, below = q * counts[bounds[-1]], 0.0, 0.0
+    for bound in bounds:
+        if counts[bound] >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = counts[bound] - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = bound, counts[bound]
+    return lower
+
+
+def latency_p95(before: dict, after: dict, short: str) -> float | None:
+    """The 95th percentile of one histogram over the load (the difference of its buckets)."""
+    grown = {le: after[key] - before.get(key, 0.0) for key in after if isinstance(key, tuple) and key[0] == short
+             for le in (key[1],)}
+    value = quantile(0.95, grown)
+    return round(value, 4) if value is not None else None
 
 
 def server_side(before: dict, after: dict, wall: float) -> dict:
     """Tokens/s and accept length (generated tokens per verify step, SGLang's definition) from the
-    server's counters over the load; accept length None without verify steps (no speculation)."""
+    server's counters over the load; accept length None without verify steps (no speculation); the
+    95th-percentile TTFT and inter-token latency from its histograms (None where it exports none)."""
     if not before or not after:
-        return {"server_tokens_per_s": None, "server_accept_length": None}
+        return {"server_tokens_per_s": None, "server_accept_length": None, "ttft_p95_s": None, "itl_p95_s": None}
     tokens = after[COUNTERS[0]] - before[COUNTERS[0]]
     steps = after[COUNTERS[1]] - before[COUNTERS[1]]
     return {"server_tokens_per_s": round(tokens / wall, 1),
-            "server_accept_length": round(tokens / steps, 3) if steps > 0 else None}
+            "server_accept_length": round(tokens / steps, 3) if steps > 0 else None,
+            "ttft_p95_s": latency_p95(before, after, "ttft"), "itl_p95_s": latency_p95(before, after, "itl")}
 
 
 def load(url: str, model: str, max_tokens: int, concurrency: int, temperature: float) -> None:

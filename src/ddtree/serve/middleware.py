@@ -1,4 +1,5 @@
-"""Middleware of ddtree-serve: the body limit, the API key, and Connection: close while draining."""
+"""Middleware of ddtree-serve: the body limit, the API key, Connection: close while draining, and the
+answers counted by route and status (SGLang's sglang:http_responses_total)."""
 
 from __future__ import annotations
 
@@ -91,9 +92,20 @@ async def check_api_key(request: Request, call_next):
     return await call_next(request)
 
 
+async def count_responses(request: Request, call_next):
+    """Every answer by its route's path (a path no route serves counts as "other": bounded labels), status code
+    and method, as SGLang's http_request_metrics counts them."""
+    response = await call_next(request)
+    route = request.scope.get("route")
+    endpoint = getattr(route, "path", None) or "other"
+    request.app.state.service.metrics.http_responses.labels(endpoint, str(response.status_code), request.method).inc()
+    return response
+
+
 def add_middleware(app: FastAPI, max_request_bytes: int) -> None:
     """A request meets them in the reverse order of these lines (the last added is the outermost):
-    the API key, the draining header on the way out, then the body limit."""
+    the answer counter, the API key, the draining header on the way out, then the body limit."""
     app.add_middleware(BodyLimit, limit=max_request_bytes)
     app.middleware("http")(close_when_draining)
     app.middleware("http")(check_api_key)
+    app.middleware("http")(count_responses)

@@ -4,6 +4,7 @@ the one loop over a request's decode events (buffered answers, streams and probe
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -14,7 +15,7 @@ from ddtree.reference.engine import Decoder, Generation, RequestParams
 from ddtree.reference.tokenizer import ByteTokenizer
 from ddtree.serve.detokenize import IncrementalText, StopScan
 from ddtree.serve.errors import RETRY_AFTER_S, BadRequest, Overloaded
-from ddtree.serve.metrics import ServerMetrics
+from ddtree.serve.metrics import ServerMetrics, TokenTiming
 from ddtree.serve.schemas import SamplingFields
 from ddtree.serve.worker import BatchStats, BatchWorker, Event, Job
 
@@ -122,11 +123,13 @@ class Service:
                              f"{self.settings.max_queued_requests}): retry after {RETRY_AFTER_S} s")
         job = Job(prompt=prompt, params=params, seed=seed, loop=asyncio.get_running_loop(), events=asyncio.Queue())
         self.metrics.prompt_tokens.inc(len(prompt))
+        timing = TokenTiming(started=time.perf_counter())
         self.worker.submit(job)
         self.metrics.num_queue.set(self.worker.queued)
         try:
             while True:
                 event: Event = await job.events.get()
+                self.metrics.record_tokens(timing, time.perf_counter(), len(event.tokens))
                 yield event
                 if event.final is not None or event.error is not None:
                     return
