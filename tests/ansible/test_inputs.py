@@ -300,6 +300,26 @@ def test_a_folder_of_another_program_is_refused_and_the_projects_own_pass():
     assert k26_inputs.k26_foreign_folders(*stranger, "k26") != []
 
 
+def test_a_gateway_hosts_folders_are_judged_the_same_way():
+    """Issue 48: the gateway role's folders (checked on its host before the install, with its own service user): an
+    earlier gateway's pass, another program's folder is refused naming the gateway's default."""
+    own = folder_results({
+        "k26_gateway_prefix": ({"exists": True, "isdir": True, "path": "/opt/k26-gateway", "pw_name": "root"},
+                               ["venv", "venv-3f2a", "bin", "state"]),
+        "k26_gateway_config_dir": ({"exists": True, "isdir": True, "path": "/etc/k26-gateway", "pw_name": "root"},
+                                   ["gateway.yaml", "worker.key"]),
+    })
+    assert k26_inputs.k26_foreign_folders(*own, "k26gw") == []
+    foreign = folder_results({
+        "k26_gateway_prefix": ({"exists": True, "isdir": True, "path": "/opt/nginx", "pw_name": "root"}, ["sbin", "conf"]),
+        "k26_gateway_config_dir": ({"exists": True, "isdir": True, "path": "/etc/ssl", "pw_name": "root"},
+                                   ["certs", "private"]),
+    })
+    said = k26_inputs.k26_foreign_folders(*foreign, "k26gw")
+    assert len(said) == 2 and "k26_gateway_prefix=/opt/nginx" in said[0] and "the default /opt/k26-gateway" in said[0]
+    assert "k26_gateway_config_dir=/etc/ssl" in said[1] and "the default /etc/k26-gateway" in said[1]
+
+
 SNAPSHOT_UNIT = """[Service]
 User=k26
 Group=k26

@@ -414,3 +414,25 @@ def pool_with_record() -> list[dict]:
     r = guest(f"{TOOL} pool --config /etc/k26-gateway/gateway.yaml --record /opt/k26-gateway/state/out status",
               host="k26-gateway", check=False)
     return json.loads(r.stdout) if r.returncode == 0 else []
+
+
+@pytest.mark.extended
+def test_a_gateway_folder_of_another_program_is_refused_before_the_gateway_changes(fleet, tmp_path):
+    """Issue 48: the gateway role's folders are judged like a server host's (new, or the project's by owner and
+    contents): another program's folder named as k26_gateway_prefix is refused on the gateway host before anything
+    is installed there, naming it; the gateway keeps serving, its unit unchanged, the fleet lock free."""
+    guest("mkdir -p /srv/otherapp && touch /srv/otherapp/data.db && chown -R nobody /srv/otherapp", host="k26-gateway")
+    unit = guest("sha256sum /etc/systemd/system/k26-gateway.service", host="k26-gateway").stdout
+    pid = guest("systemctl show -p MainPID --value k26-gateway", host="k26-gateway").stdout.strip()
+    try:
+        play = deploy("-e", "k26_gateway_prefix=/srv/otherapp", fleet=True, tmp=tmp_path)
+        text = re.sub(r"\s+", " ", play.out)
+        assert play.rc != 0 and ("k26_gateway_prefix=/srv/otherapp is a folder of this host that is not the project's "
+                                 "(owner nobody, 1 entry: data.db)") in text, text[-3000:]
+        assert "Create the installation and configuration folders" not in play.out        # the install never began
+        assert guest("stat -c %U /srv/otherapp", host="k26-gateway").stdout.strip() == "nobody"
+        assert guest("sha256sum /etc/systemd/system/k26-gateway.service", host="k26-gateway").stdout == unit
+        assert guest("systemctl show -p MainPID --value k26-gateway", host="k26-gateway").stdout.strip() == pid
+        assert fleet_lock_free() and all(ready(url) for _, url in SERVERS.values())
+    finally:
+        guest("rm -rf /srv/otherapp", host="k26-gateway")

@@ -813,9 +813,13 @@ FOLDER_SIGNS = {
     "k26_rollback_dir": ("state", "k26-ddtree.service", "k26-ddtree.env", "sweep-original", "validate-original",
                          "before-snapshot-rollback", "sweep-in-progress", "validate-in-progress",
                          "validate-prompts.json"),
+    # a gateway host's (the gateway role: smg's venvs, the tool, the pool record; its file, worker key and TLS pair)
+    "k26_gateway_prefix": ("venv", "bin", "state", "wheelhouse"),
+    "k26_gateway_config_dir": ("gateway.yaml", "worker.key", "tls"),
 }
 FOLDER_DEFAULTS = {"k26_prefix": "/opt/k26", "k26_state_dir": "/var/lib/k26", "k26_config_dir": "/etc/k26",
-                   "k26_rollback_dir": "/var/lib/k26-rollback"}
+                   "k26_rollback_dir": "/var/lib/k26-rollback", "k26_gateway_prefix": "/opt/k26-gateway",
+                   "k26_gateway_config_dir": "/etc/k26-gateway"}
 
 
 def _foreign_folder(name: str, stat: Mapping, entries: list[str], service_user: str) -> str | None:
