@@ -165,8 +165,7 @@ def quantile(q: float, counts: dict[float, float]) -> float | None:
 
 def latency_p95(before: dict, after: dict, short: str) -> float | None:
     """The 95th percentile of one histogram over the load (the difference of its buckets)."""
-    grown = {le: after[key] - before.get(key, 0.0) for key in after if isinstance(key, tuple) and key[0] == short
-             for le in (key[1],)}
+    grown = {key[1]: after[key] - before.get(key, 0.0) for key in after if isinstance(key, tuple) and key[0] == short}
     value = quantile(0.95, grown)
     return round(value, 4) if value is not None else None
 
