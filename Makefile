@@ -120,7 +120,9 @@ test-sglang: sglang-venv
 	$(SGLANG_VENV)/bin/python -m pytest tests/sglang -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning $(PYTEST_ARGS)
 
 # Two lanes at once: the sandbox lane (tests/infra: mostly waiting on ssh, systemd and health
-# checks) and the CPU lane (everything else, then the SGLang contract tests). Each lane's output
+# checks) and the CPU lane (everything else, then the SGLang contract tests). Each lane builds what it
+# needs itself, so on a fresh machine the SGLang venv (~5 min) is made while the sandbox boots and its
+# lane runs, not before both (the sandbox lane is the longer one). Each lane's output
 # is printed as a whole when it ends (make -O); the test fails when either lane fails. At the end,
 # each lane's time and slowest tests, and a WARNING line when the whole run (set-up included)
 # passed TEST_BUDGET seconds (issue 43: 40 minutes on CI's 2-core machine, which gives 90).
@@ -128,12 +130,12 @@ TEST_T0 := $(shell date +%s)
 TEST_BUDGET ?= 2400
 LANES := $(CACHE)/test-lanes
 LANE := $(PYTHON) tools/test_budget.py run
-test: venv sandbox sglang-venv gateway-venv promtool
+test:
 	rm -rf $(LANES)
 	rc=0; $(MAKE) --no-print-directory -j2 -O test-sandbox-lane test-cpu-lane || rc=$$?; \
 		$(PYTHON) tools/test_budget.py report $(LANES) $(TEST_T0) $(TEST_BUDGET); exit $$rc
 
-test-sandbox-lane:
+test-sandbox-lane: venv sandbox
 	$(ANSIBLE_ENV) $(LANE) sandbox $(LANES) -- $(PY) -m pytest tests/infra -m "not extended" -p no:cacheprovider \
 		--durations=15 $(PYTEST_ARGS)
 
@@ -141,14 +143,15 @@ test-sandbox-lane:
 # the key rotation behind the gateway, a host lost mid-roll, the second host failing its smoke, a rollback
 # taking its host out of the pool, the release story (failed build, failed smoke, pruning), an interrupted
 # sweep repaired and a deploy after one, alerts reaching the receiver, the NCCL P2P switch, the driver
-# install. Their claims have a sibling in make test (key rotation on one host, the first host failing, a
-# sweep taking its host out of the pool, a config that cannot start rolled back, the crash sample, ...);
+# install, a deploy into moved folders rolled back. Their claims have a sibling in make test (key rotation
+# on one host, the first host failing, a sweep taking its host out of the pool, a config that cannot start
+# rolled back, the crash sample, ...);
 # run this before a release and after changing roles or playbooks.
 test-sandbox-extended: venv sandbox
 	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -m extended -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 
 # the CPU lane runs at a lower priority: the sandbox lane is the longer one (its waits are timed)
-test-cpu-lane:
+test-cpu-lane: venv sglang-venv gateway-venv promtool
 	K26_PROMTOOL=$(PROMTOOL) K26_AMTOOL=$(AMTOOL) K26_NFT=$(NFT) K26_GATEWAY_PYTHON=$(GATEWAY_VENV)/bin/python $(ANSIBLE_ENV) \
 		$(LANE) cpu $(LANES) -- nice -n 10 $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang \
 		-p no:cacheprovider --durations=15 $(PYTEST_ARGS)

@@ -1,6 +1,8 @@
 """A fixed sample of the crash harness (tests/infra/crash) in `make test`; `make crash-test` runs
 every task boundary of every playbook, killed and with its SSH connection dropped. Each sample point
-changes the DDTree budget, so the interrupted run had something to lose."""
+changes the DDTree budget, so the interrupted run had something to lose. `make test` runs the deploy killed after
+its render followed by a sweep and then a whole deploy (the lost restart healed); the same kill re-run by a deploy
+alone, and a kill between loop items, are extended."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def inventory_settings_after(converged, request):
     assert play.rc == 0, play.out[-3000:]
 
 
+@pytest.mark.extended       # ~75 s; the next test kills the deploy at the same point and a whole deploy heals it
 @pytest.mark.parametrize("mode,at_name,budget", SAMPLE, ids=["killed-after-render"])
 def test_a_deploy_interrupted_at_a_task_boundary_is_made_whole_by_the_next_run(inventory_settings_after, mode,
                                                                                 at_name, budget):

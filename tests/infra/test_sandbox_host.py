@@ -166,6 +166,37 @@ def test_a_rollback_folder_saved_flat_by_0_3_0_is_restored_then_saved_as_one_set
 
 
 @pytest.mark.extended
+def test_a_deploy_into_moved_folders_that_cannot_start_restores_the_old_folders(host, tmp_path):
+    """Issue 48: a deploy that moves the project's folders (prefix, config, state) and whose server cannot start is
+    rolled back to the unit saved before it, which reads its env files from the OLD config folder: they are put back
+    there (not into the new folder), the service account keeps its home (usermod cannot move a running account's
+    home), and the old server is healthy again. The same move with a good model then deploys, and the defaults back."""
+    alt = {"k26_prefix": "/opt/k26-mv", "k26_config_dir": "/etc/k26-mv", "k26_state_dir": "/var/lib/k26-mv"}
+    make_broken_model()
+    env_before = guest("sha256sum /etc/k26/k26-ddtree.env").stdout.split()[0]
+    try:
+        play = deploy("-e", json.dumps({**alt, "k26_model_path": f"{BROKEN}/target"}), tmp=tmp_path / "broken")
+        text = re.sub(r"\s+", " ", play.out)
+        assert play.rc != 0 and "rolled back the unit and the env files" in text, text[-3000:]
+        assert "healthy again" in text and re.search(r"its env files go to /etc/k26(?![-\w])", text), text[-3000:]
+        unit = host.file("/etc/systemd/system/k26-ddtree.service").content_string
+        assert "EnvironmentFile=/etc/k26/k26-ddtree.env" in unit and "/srv/models/tiny-seed0/target" in unit
+        assert guest("sha256sum /etc/k26/k26-ddtree.env").stdout.split()[0] == env_before
+        assert host.user("k26").home == "/var/lib/k26"
+        assert host.service("k26-ddtree").is_running
+        assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health") == "200"
+        moved = deploy("-e", json.dumps(alt), tmp=tmp_path / "moved")
+        assert moved.rc == 0, moved.out[-3000:]
+        unit = host.file("/etc/systemd/system/k26-ddtree.service").content_string
+        assert "EnvironmentFile=/etc/k26-mv/k26-ddtree.env" in unit and "ExecStart=/opt/k26-mv/releases/" in unit
+    finally:
+        back = deploy(tmp=tmp_path / "back")
+        guest(f"rm -rf {BROKEN} " + " ".join(alt.values()))
+    assert back.rc == 0, back.out[-3000:]
+    assert "EnvironmentFile=/etc/k26/k26-ddtree.env" in host.file("/etc/systemd/system/k26-ddtree.service").content_string
+
+
+@pytest.mark.extended
 def test_a_first_deploy_that_cannot_start_leaves_the_unit_stopped_and_disabled(host, tmp_path):
     """Issue 47 item 3: with no earlier state to roll back to (the rollback folder moved aside for the test), a
     deploy whose server cannot start fails fast, and k26-ddtree is left stopped and disabled - no restart loop, no
