@@ -66,8 +66,11 @@ def test_releases_fail_alone_and_old_ones_are_pruned(host, converged, tmp_path):
     assert start["unit_release"] == start["current"]
     present = releases(host)
 
-    # 1. a build that fails (no sources): nothing the service uses changed, so no restart
-    failed_build = deploy("-e", "k26_extension_source=/nonexistent", tmp=tmp_path / "a")
+    # 1. a build that fails (a source folder with no project in it; a folder that does not exist is refused by the
+    #    input check before any change): nothing the service uses changed, so no restart
+    empty = tmp_path / "no-project"
+    empty.mkdir()
+    failed_build = deploy("-e", f"k26_extension_source={empty}", tmp=tmp_path / "a")
     text = re.sub(r"\s+", " ", failed_build.out)
     assert failed_build.rc != 0 and "holds no pyproject.toml" in text, text[-3000:]
     assert "no restart needed" in text, text[-3000:]
