@@ -21,6 +21,16 @@
 #              processors, output logprobs) and test_grammars.py, each pair's controls on servers beside its DDTREE
 #              servers; REQUEST_K selects tests (pytest -k), REQUEST_START the servers started (default: all of both
 #              modules);
+#   part "kimipath": tests/gpu_sglang/test_kimi_path.py on KIMIPATH_SIZES (default kimi-dense kimi-allexp: identity
+#              decidable) - the radix cache, the KimiK25 wrapper, and on the MoE pair INT4 experts under SGLang's Triton
+#              MoE runner (issue 44 item 3);
+#   part "moe": tests/gpu_sglang/test_moe_partings.py on MOE_SIZE (default kimi: top 2 of 8) - DDTREE's partings from
+#              NONE per 1,000 tokens against SGLang's DFLASH's, and the sibling fault (issue 44 item 3);
+#   part "marlin": SGLang's Marlin INT4 MoE kernel JIT-built by one warm-up server (MARLIN_CACHE=DIR: the parts a
+#              previous run packed are unpacked first), the JIT cache packed to $OUT/marlin-jit.tgz.part* (15 MiB parts,
+#              to be carried back), then the INT4 test under Marlin on MARLIN_SIZE (default kimi-allexp; issue 44 item 4);
+#   part "train": only the pairs, with torch alone (before the test bed is staged: BG=/tmp/ddtree-train-decide
+#              tests/gpu_sglang/bg.sh start tests/gpu_sglang/decide.sh train; the other parts wait for it);
 #   part "all": nodes, then greedy; several parts in one call run one after the other (decide.sh requests greedy),
 #              with PARALLEL=1 at once on the one GPU (the pairs are trained first, once).
 # Results come back through $OUT, one archive per part (nodes.tgz, greedy.tgz: results.md / results.json, node-check.md,
@@ -33,22 +43,43 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 PART=${1:-nodes}
 SIZES=${SIZES:-small kimi-dense kimi-allexp kimi}
 ROOT=$SGLANG_TESTBED/decide; mkdir -p "$ROOT"; OUT=${OUT:-$ROOT/out}; mkdir -p "$OUT"
+TRAIN_BG=${TRAIN_BG:-/tmp/ddtree-train-decide}     # where part train runs under bg.sh while the test bed is staged
 t0=$(date +%s)
 
-prepare() {   # the plugin installed, SIZES' pairs trained and exported (a pair already on this machine is kept)
-  python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
+train() {     # SIZES' pairs trained at once (a pair already on this machine is kept); only torch needed
   for s in $SIZES; do
     [ -f "$ROOT/$s/pair/b8/draft/model.safetensors" ] && continue
     mkdir -p "$ROOT/$s"
-    python3 bench/train_pair.py --out "$ROOT/$s/pair" --size "$s" --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes 8 \
+    PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 bench/train_pair.py --out "$ROOT/$s/pair" --size "$s" --minutes "${TRAIN_MINUTES:-1.5}" --block-sizes 8 \
       --prompts 32 --device cuda > "$ROOT/$s/train.log" 2>&1 &
   done
   wait
-  for s in $SIZES; do
-    grep -E "held-out|steps in" "$ROOT/$s/train.log" | sed "s/^/[$s] /"
-    [ -d "$ROOT/$s/sglang-pair/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/$s/pair/b8" \
-      --out "$ROOT/$s/sglang-pair" > "$ROOT/$s/export.log" 2>&1 || { cat "$ROOT/$s/export.log"; return 1; }
-  done
+  for s in $SIZES; do grep -E "held-out|steps in" "$ROOT/$s/train.log" | sed "s/^/[$s] /"; done
+}
+
+export_pair() {   # pair $1 in SGLang's formats; an MLA target also as the KimiK25 wrapper, with MoE also INT4 experts
+  local s=$1 w="$ROOT/$1" cfg="$ROOT/$1/pair/b8/target/config.json"
+  [ -d "$w/sglang-pair/target" ] || python3 -m ddtree.reference.export --pair "$w/pair/b8" --out "$w/sglang-pair" \
+    > "$w/export.log" 2>&1 || { cat "$w/export.log"; return 1; }
+  local kind   # mla, mla-moe (MoE layers present) or plain, from the reference target's config
+  kind=$(python3 -c "import json, sys; c = json.load(open(sys.argv[1])); mla = c.get('kv_lora_rank', 0) > 0
+moe = c.get('n_routed_experts', 0) > 0 and c.get('first_k_dense_replace', 0) < c['num_hidden_layers']
+print('plain' if not mla else 'mla-moe' if moe else 'mla')" "$cfg")
+  [ "$kind" = plain ] && return 0
+  [ -d "$w/sglang-wrapper/target" ] || python3 -m ddtree.reference.export --pair "$w/pair/b8" --out "$w/sglang-wrapper" \
+    --kimi-wrapper >> "$w/export.log" 2>&1 || { cat "$w/export.log"; return 1; }
+  ln -sfn "$w/sglang-wrapper/target" "$w/sglang-pair/target-wrapper"
+  [ "$kind" = mla-moe ] || return 0
+  [ -d "$w/sglang-int4/target" ] || python3 -m ddtree.reference.export --pair "$w/pair/b8" --out "$w/sglang-int4" \
+    --int4-experts >> "$w/export.log" 2>&1 || { cat "$w/export.log"; return 1; }
+  ln -sfn "$w/sglang-int4/target" "$w/sglang-pair/target-int4"
+}
+
+prepare() {   # the plugin installed, SIZES' pairs trained (here, or by part "train" started before) and exported
+  python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
+  while [ -f "$TRAIN_BG/log" ] && [ ! -f "$TRAIN_BG/rc" ]; do sleep 5; done    # part train in the background
+  train
+  for s in $SIZES; do export_pair "$s" || return 1; done
   echo "[decide] pairs ready after $(( $(date +%s) - t0 )) s"
   python3 - "$ROOT" $SIZES > "$ROOT/pairs.json" <<'PY'
 import json, sys
@@ -58,11 +89,15 @@ print(json.dumps({s: {"pair": f"{root}/{s}/sglang-pair", "ref": f"{root}/{s}/pai
 PY
 }
 
-if [ $# -gt 1 ]; then     # several parts: the pairs once, then the parts one after the other (PARALLEL=1: at once)
+if [ "$PART" = train ]; then train; exit $?; fi
+if [ $# -gt 1 ] || [ "$PART" != "${PART//+/}" ]; then
+  # several parts: the pairs once, then the parts one after the other (PARALLEL=1: at once); parts joined by +
+  # (nodes+kimipath) run one after the other inside one parallel slot
   prepare || exit 1
   rc=0
   for part in "$@"; do
-    if [ "${PARALLEL:-0}" = 1 ]; then "$0" "$part" > "$ROOT/part-$part.log" 2>&1 & else "$0" "$part" || rc=1; fi
+    in_turn() { local r=0; for p in ${1//+/ }; do "$0" "$p" || r=1; done; return $r; }
+    if [ "${PARALLEL:-0}" = 1 ]; then in_turn "$part" > "$ROOT/part-$part.log" 2>&1 & else in_turn "$part" || rc=1; fi
   done
   if [ "${PARALLEL:-0}" = 1 ]; then
     for job in $(jobs -p); do wait "$job" || rc=1; done
@@ -73,6 +108,15 @@ fi
 prepare || exit 1
 one() {   # the conftest's single-pair variables, for pair $1
   echo "SGLANG_DDTREE_PAIR=$ROOT/$1/sglang-pair SGLANG_DDTREE_REF=$ROOT/$1/pair/b8 SGLANG_DDTREE_PROMPTS=$ROOT/$1/pair/heldout_prompts.json"
+}
+report() {   # part $1's logs and tables for pairs $2...: summary lines printed, rc set, everything archived
+  local part=$1; shift
+  for s in "$@"; do
+    grep -q " failed\| error" "$ROOT/$part-$s.log" && rc=1
+    grep -E "passed|failed|skipped|error" "$ROOT/$part-$s.log" | tail -1 | sed "s/^/[$part $s] /"
+    cat "/tmp/ddtree-$part-$s/results.md" 2>/dev/null
+  done
+  tar czf "$OUT/$part.tgz" $(ls -d /tmp/ddtree-$part-* "$ROOT"/$part-*.log 2>/dev/null) 2>/dev/null
 }
 rc=0
 case $PART in
@@ -134,8 +178,44 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
       cat "/tmp/ddtree-requests-$s/results.md" 2>/dev/null
     done
     tar czf "$OUT/requests.tgz" $(ls -d /tmp/ddtree-requests-* "$ROOT"/requests-*.log 2>/dev/null) 2>/dev/null ;;
+  kimipath)   # issue 44 item 3 on the pairs that decide identity: the radix cache, the KimiK25 wrapper, INT4 experts
+    i=0
+    for s in ${KIMIPATH_SIZES:-kimi-dense kimi-allexp}; do
+      names=none,none-radix,ddtree-b32-c8-graphs-radix,none-wrapper,ddtree-b32-c8-graphs-wrapper
+      [ -e "$ROOT/$s/sglang-pair/target-int4" ] && names=$names,none-int4-moetriton,ddtree-b32-c8-graphs-int4-moetriton
+      env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-kimipath-$s" SGLANG_DDTREE_START="$names" \
+        SGLANG_DDTREE_BASE_PORT=$((42000 + 1000 * i)) python3 -m pytest tests/gpu_sglang/test_kimi_path.py \
+        -p no:cacheprovider -q -rfE -k "not marlin and not flashinfer" > "$ROOT/kimipath-$s.log" 2>&1 &
+      i=$((i + 1))
+    done
+    wait
+    report kimipath ${KIMIPATH_SIZES:-kimi-dense kimi-allexp} ;;
+  moe)        # issue 44 item 3: top 2 of 8 experts, DDTREE's partings from NONE against SGLang's DFLASH's; the fault
+    s=${MOE_SIZE:-kimi}
+    env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-moe-$s" \
+      SGLANG_DDTREE_START=none,dflash,ddtree-b32-c8-graphs,ddtree-b32-c8-graphs-fault SGLANG_DDTREE_BASE_PORT=45000 \
+      python3 -m pytest tests/gpu_sglang/test_moe_partings.py -p no:cacheprovider -q -rfE > "$ROOT/moe-$s.log" 2>&1
+    report moe "$s" ;;
+  marlin)     # issue 44 item 4: SGLang's Marlin INT4 MoE kernel built once (JIT, nvcc), its cache packed, the INT4 test
+    s=${MARLIN_SIZE:-kimi-allexp}
+    if [ -n "${MARLIN_CACHE:-}" ] && ls "$MARLIN_CACHE"/marlin-jit.tgz.part* > /dev/null 2>&1; then
+      cat "$MARLIN_CACHE"/marlin-jit.tgz.part* | tar xzf - -C "$HOME" && echo "[decide] Marlin JIT cache unpacked"
+    fi
+    t1=$(date +%s)
+    python3 bench/kimi_probe.py --out "$ROOT/marlin-warm" --group marlin-warm --arch dsv3 \
+      --timeout "${MARLIN_WAIT:-1200}" > "$ROOT/marlin-warm.log" 2>&1
+    echo "[decide] Marlin warm-up server done after $(( $(date +%s) - t1 )) s: $(tail -1 "$ROOT/marlin-warm.log")"
+    (cd "$HOME" && tar czf - $(ls -d .cache/sglang .cache/tvm-ffi 2>/dev/null)) > "$ROOT/marlin-jit.tgz"
+    echo "[decide] Marlin JIT cache $(du -h "$ROOT/marlin-jit.tgz" | cut -f1)"
+    [ "$(stat -c %s "$ROOT/marlin-jit.tgz")" -le $((45 * 1024 * 1024)) ] && split -b 15M "$ROOT/marlin-jit.tgz" \
+      "$OUT/marlin-jit.tgz.part"
+    env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-marlin-$s" SGLANG_DDTREE_START=none,none-int4,ddtree-b32-c8-graphs-int4 \
+      SGLANG_DDTREE_BASE_PORT=46000 python3 -m pytest tests/gpu_sglang/test_kimi_path.py -p no:cacheprovider -q -rfE \
+      -k "int4 and marlin" > "$ROOT/marlin-$s.log" 2>&1
+    cp "$ROOT/marlin-warm.log" /tmp/ddtree-marlin-$s/ 2>/dev/null
+    report marlin "$s" ;;
   all) "$0" nodes || rc=1; "$0" greedy || rc=1 ;;
-  *) echo "part $PART is invalid: expected nodes, greedy, requests or all" >&2; exit 2 ;;
+  *) echo "part $PART is invalid: expected train, nodes, greedy, requests, kimipath, moe, marlin or all (parts joined by + run in turn)" >&2; exit 2 ;;
 esac
 tar czf "$OUT/train-logs.tgz" -C "$ROOT" $(cd "$ROOT" && ls */train.log */pair/train.json 2>/dev/null) 2>/dev/null
 echo "[decide] part $PART done after $(( $(date +%s) - t0 )) s (rc $rc)"
