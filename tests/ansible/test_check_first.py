@@ -357,3 +357,19 @@ def test_old_releases_are_removed_only_after_the_rollback_record(playbook, recor
     saved = text.index(f"tasks_from: {record}", promote)      # the record after the promote
     assert promote < saved < prune
     assert "prune" not in (ROOT / "roles/release/tasks/promote.yml").read_text().split("# the releases beyond")[0]
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ({"_rollback_env_dir": "/etc"}, "_rollback_env_dir: computed by the plays"),          # another role's vars file
+    ({"_preflight_computed": []}, "_preflight_computed: computed by the plays"),          # its list, emptied
+    ({"_preflight_inputs": {}}, "_preflight_inputs: computed by the plays"),              # every type rule, dropped
+])
+def test_a_role_vars_name_given_with_e_is_refused_even_the_checks_own(tmp_path, extra, said):
+    """A name beginning with _ is a role's own (its vars file, a task's vars): -e outranks both, so a copied name
+    (-e _rollback_env_dir=/etc) would steer the rollback, and -e of preflight's own lists would switch the checks
+    off. Not guarded: the check task's own vars (-e outranks every variable; forging them is no slip of the hand)."""
+    inv = unreachable_fleet(tmp_path)
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/check_inputs.yml", "--limit", "gpu-a",
+             "-e", json.dumps(extra)], tmp_path)
+    out = re.sub(r"\s+", " ", r.stdout + r.stderr)
+    assert r.returncode != 0 and "UNREACHABLE" not in out and said in out, out[-3000:]
