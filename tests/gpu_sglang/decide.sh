@@ -29,6 +29,8 @@
 #   part "marlin": SGLang's Marlin INT4 MoE kernel JIT-built by one warm-up server (MARLIN_CACHE=DIR: the parts a
 #              previous run packed are unpacked first), the JIT cache packed to $OUT/marlin-jit.tgz.part* (15 MiB parts,
 #              to be carried back), then the INT4 test under Marlin on MARLIN_SIZE (default kimi-allexp; issue 44 item 4);
+#   UNPACK=DIR restores pairs a previous job packed with PACK=1 ($OUT/pairs.tgz.part*, carried back in 15 MiB parts),
+#   so a pair is trained once and carried from an ignored folder (issue 44 item 5);
 #   part "train": only the pairs, with torch alone (before the test bed is staged: BG=/tmp/ddtree-train-decide
 #              tests/gpu_sglang/bg.sh start tests/gpu_sglang/decide.sh train; the other parts wait for it);
 #   part "all": nodes, then greedy; several parts in one call run one after the other (decide.sh requests greedy),
@@ -46,7 +48,26 @@ ROOT=$SGLANG_TESTBED/decide; mkdir -p "$ROOT"; OUT=${OUT:-$ROOT/out}; mkdir -p "
 TRAIN_BG=${TRAIN_BG:-/tmp/ddtree-train-decide}     # where part train runs under bg.sh while the test bed is staged
 t0=$(date +%s)
 
-train() {     # SIZES' pairs trained at once (a pair already on this machine is kept); only torch needed
+unpack_pairs() {   # UNPACK=DIR: the pairs a previous job packed (PACK=1), so this machine need not train them again
+  [ -n "${UNPACK:-}" ] || return 0
+  local s missing=0
+  for s in $SIZES; do [ -f "$ROOT/$s/pair/b8/draft/model.safetensors" ] || missing=1; done
+  [ $missing = 1 ] || return 0
+  if ls "$UNPACK"/pairs.tgz.part* > /dev/null 2>&1; then
+    cat "$UNPACK"/pairs.tgz.part* | tar xzf - -C "$ROOT" && echo "[decide] pairs unpacked from $UNPACK: $(cd "$ROOT" && ls -d */pair | tr '\n' ' ')"
+  else
+    echo "[decide] UNPACK=$UNPACK holds no pairs.tgz.part*: the pairs are trained here" >&2
+  fi
+}
+
+pack_pairs() {    # PACK=1: SIZES' trained pairs (reference formats only) to $OUT/pairs.tgz.part*, 15 MiB parts to carry back
+  [ "${PACK:-0}" = 1 ] || return 0
+  (cd "$ROOT" && tar czf - $(for s in $SIZES; do [ -d "$s/pair" ] && echo "$s/pair"; done)) | split -b 15M - "$OUT/pairs.tgz.part"
+  echo "[decide] pairs packed: $(ls "$OUT"/pairs.tgz.part* | wc -l) parts"
+}
+
+train() {     # SIZES' pairs trained at once (a pair already on this machine or unpacked is kept); only torch needed
+  unpack_pairs
   for s in $SIZES; do
     [ -f "$ROOT/$s/pair/b8/draft/model.safetensors" ] && continue
     mkdir -p "$ROOT/$s"
@@ -54,7 +75,7 @@ train() {     # SIZES' pairs trained at once (a pair already on this machine is 
       --prompts 32 --device cuda > "$ROOT/$s/train.log" 2>&1 &
   done
   wait
-  for s in $SIZES; do grep -E "held-out|steps in" "$ROOT/$s/train.log" | sed "s/^/[$s] /"; done
+  for s in $SIZES; do grep -E "held-out|steps in" "$ROOT/$s/train.log" 2>/dev/null | sed "s/^/[$s] /"; done
 }
 
 export_pair() {   # pair $1 in SGLang's formats; an MLA target also as the KimiK25 wrapper, with MoE also INT4 experts
@@ -80,6 +101,7 @@ prepare() {   # the plugin installed, SIZES' pairs trained (here, or by part "tr
   while [ -f "$TRAIN_BG/log" ] && [ ! -f "$TRAIN_BG/rc" ]; do sleep 5; done    # part train in the background
   train
   for s in $SIZES; do export_pair "$s" || return 1; done
+  pack_pairs
   echo "[decide] pairs ready after $(( $(date +%s) - t0 )) s"
   python3 - "$ROOT" $SIZES > "$ROOT/pairs.json" <<'PY'
 import json, sys
