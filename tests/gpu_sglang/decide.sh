@@ -117,8 +117,8 @@ if [ $# -gt 1 ] || [ "$PART" != "${PART//+/}" ]; then
   # (nodes+kimipath) run one after the other inside one parallel slot
   prepare || exit 1
   rc=0
+  in_turn() { local r=0; for p in ${1//+/ }; do "$0" "$p" || r=1; done; return $r; }
   for part in "$@"; do
-    in_turn() { local r=0; for p in ${1//+/ }; do "$0" "$p" || r=1; done; return $r; }
     if [ "${PARALLEL:-0}" = 1 ]; then in_turn "$part" > "$ROOT/part-$part.log" 2>&1 & else in_turn "$part" || rc=1; fi
   done
   if [ "${PARALLEL:-0}" = 1 ]; then
@@ -135,7 +135,7 @@ report() {   # part $1's logs and tables for pairs $2...: summary lines printed,
   local part=$1; shift
   for s in "$@"; do
     grep -q " failed\| error" "$ROOT/$part-$s.log" && rc=1
-    grep -E "passed|failed|skipped|error" "$ROOT/$part-$s.log" | tail -1 | sed "s/^/[$part $s] /"
+    grep -E "passed|failed|skipped" "$ROOT/$part-$s.log" | tail -1 | sed "s/^/[$part $s] /"
     cat "/tmp/ddtree-$part-$s/results.md" 2>/dev/null
   done
   tar czf "$OUT/$part.tgz" $(ls -d /tmp/ddtree-$part-* "$ROOT"/$part-*.log 2>/dev/null) 2>/dev/null
@@ -194,12 +194,7 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
       i=$((i + 1))
     done
     wait
-    for s in ${REQUEST_SIZES:-small kimi-dense}; do
-      grep -q " failed\| error" "$ROOT/requests-$s.log" && rc=1
-      grep -E "passed|failed|skipped" "$ROOT/requests-$s.log" | tail -1 | sed "s/^/[requests $s] /"
-      cat "/tmp/ddtree-requests-$s/results.md" 2>/dev/null
-    done
-    tar czf "$OUT/requests.tgz" $(ls -d /tmp/ddtree-requests-* "$ROOT"/requests-*.log 2>/dev/null) 2>/dev/null ;;
+    report requests ${REQUEST_SIZES:-small kimi-dense} ;;
   kimipath)   # issue 44 item 3 on the pairs that decide identity: the radix cache, the KimiK25 wrapper, INT4 experts
     i=0
     for s in ${KIMIPATH_SIZES:-kimi-dense kimi-allexp}; do

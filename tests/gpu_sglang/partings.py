@@ -18,7 +18,7 @@ against identity:
      Mann-Whitney U test that DDTREE's are larger.
 A tree-mask fault (a node that sees a sibling) adds partings and larger gaps; the GPU test shows the rule fails it.
 
-Pure Python over the walk's callables: the rule and the walk are checked on the CPU (tests/sglang/test_partings.py).
+Pure Python over the walk's callables: the rule and the walk are checked on the CPU (tests/unit/test_partings.py).
 """
 
 from __future__ import annotations
