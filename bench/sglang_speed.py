@@ -19,8 +19,20 @@ graphs up to 48.
 Phase 2: the schedule this sweep finds - per load the fixed budget with the most tokens/s, switched at the geometric
 middle between measured loads (found_schedule) - served by DDTREE with SGLANG_DDTREE_SCHEDULE=1, with and without the
 overlap scheduler, measured the same way.
-Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load),
-OUT/table.md (tokens/s by load, the issue's targets); prints the tables. The targets (targets()): the best DDTREE
+Beside each scheduled server phase 2 starts again the fixed servers of the budgets it serves ("twins", same overlap
+mode): at each load the twin of that load's budget and the scheduled server are measured in turn (twin, schedule,
+twin, schedule), so that both run the same tree at the same minutes of the machine; the ratio is the schedule's own
+cost (the first run's scheduled server was slower at 1 request than the fixed server of its width, measured 10
+minutes apart). With --profile (the default) a profiled copy of each (the worker's step profiler) runs at 1 request
+and its stage medians are printed side by side.
+
+Split into jobs of one device call each (--phase): `fixed` with --modes off, then with --modes on (phase 1, each
+mode's servers; NONE's answers saved for the later jobs), then `schedule` with --rows naming the earlier jobs'
+results.json (phase 2); `all` (the default) runs both phases in one process. --schedule-off / --schedule-on measure
+a given schedule instead of the one found.
+Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load,
+its cost beside its twins), OUT/table.md (tokens/s by load, the schedule beside its twins, the stage profile, the
+issue's targets), OUT/none_outputs.json (NONE's answers by overlap mode and load); prints the tables. The targets (targets()): the best DDTREE
 with the overlap scheduler >= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the
 production candidate) never below max(NONE, DFLASH) (each its faster overlap mode) at any load; step efficiency
 tokens/s / (accept length x NONE tokens/s) >= 0.7 at 1 request.
@@ -40,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_e2e as e2e  # noqa: E402
 import sglang_servers as servers  # noqa: E402
 
-from ddtree.settings import Schedule, parse_schedule  # noqa: E402
+from ddtree.settings import DDTreeConfigError, Schedule, parse_schedule  # noqa: E402
 
 LOADS = (1, 8, 16, 32, 48)
 BUDGETS = (8, 16, 32, 64)
@@ -74,17 +86,52 @@ def prompts_per_load(load: int) -> int:
 
 # --- servers ----------------------------------------------------------------------------------------------
 
-def fixed_configs(budgets=BUDGETS) -> list[servers.ServerConfig]:
-    """Phase 1: NONE, DFLASH and DDTREE at each budget (cap 8), each with and without the overlap scheduler."""
+MODES = {"off": False, "on": True}     # --modes: the overlap scheduler off / on
+
+
+def parse_modes(text: str) -> tuple[bool, ...]:
+    """`off,on` -> (False, True); ValueError naming the value and the choices."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    bad = [w for w in words if w not in MODES]
+    if not words or bad:
+        raise ValueError(f"--modes {text!r} is invalid: expected off, on or off,on (the overlap scheduler's modes)")
+    return tuple(dict.fromkeys(MODES[w] for w in words))
+
+
+def fixed_configs(budgets=BUDGETS, modes: tuple[bool, ...] = (False, True)) -> list[servers.ServerConfig]:
+    """Phase 1: NONE, DFLASH and DDTREE at each budget (cap 8), in each overlap mode of `modes`."""
     bases = ["none", "dflash", *(f"ddtree-b{b}-c{CAP}-graphs" for b in budgets)]
-    return [servers.config(f"{b}{o}-bs48") for b in bases for o in ("", OVERLAP)]
+    return [servers.config(f"{b}{OVERLAP if o else ''}-bs48") for b in bases for o in modes]
+
+
+def fixed_name(budget: int, overlap: bool) -> str:
+    return f"ddtree-b{budget}-c{CAP}-graphs{OVERLAP if overlap else ''}-bs48"
 
 
 def scheduled_config(schedule: Schedule, overlap: bool) -> servers.ServerConfig:
     """Phase 2: DDTREE serving `schedule` (budget by running batch size, cap 8)."""
-    base = servers.config(f"ddtree-b{max(schedule.values)}-c{CAP}-graphs{OVERLAP if overlap else ''}-bs48")
+    base = servers.config(fixed_name(max(schedule.values), overlap))
     return replace(base, name=f"ddtree-found{OVERLAP if overlap else ''}", budget=str(schedule),
                    env=base.env + SCHEDULE_ENV)
+
+
+TWIN = "twin-"      # phase 2's fixed servers: a name of their own, so that a fleet never takes them for phase 1's
+
+
+def twin_configs(schedule: Schedule, overlap: bool) -> list[servers.ServerConfig]:
+    """The fixed server of each budget `schedule` serves (its overlap mode), started beside the scheduled one."""
+    return [replace(servers.config(fixed_name(b, overlap)), name=TWIN + fixed_name(b, overlap))
+            for b in schedule.values]
+
+
+def twin_at(schedule: Schedule, load: int, overlap: bool) -> str:
+    """The twin that runs the same tree as the scheduled server at `load` running requests."""
+    return TWIN + fixed_name(schedule.at(load), overlap)
+
+
+def profiled(cfg: servers.ServerConfig) -> servers.ServerConfig:
+    """A copy of `cfg` with the worker's step profiler on (slower: its rows stay out of the speed table)."""
+    return replace(servers.SUFFIXES[servers.PROFILE_SUFFIX](cfg), name=cfg.name + servers.PROFILE_SUFFIX)
 
 
 def is_overlap(cfg_name: str) -> bool:
@@ -108,19 +155,60 @@ class SpeedRow:
     step_ms: float | None           # load 1 only
     equal_to_none: str | None       # against NONE (same overlap mode) at this load
     walls: list[float]              # both passes' seconds
+    phase: str = "fixed"            # "fixed": phase 1; "schedule": a scheduled server or a twin measured in turn with it
 
 
-def measure_row(server: servers.Server, prompts: list[list[int]], load: int, max_new_tokens: int,
-                none_outputs: list[list[int]] | None) -> tuple[SpeedRow, list[list[int]]]:
-    """The slower of two passes, and its outputs (NONE's are the others' temperature-0 reference)."""
-    runs = [e2e.measure(server, prompts, load, 0.0, max_new_tokens) for _ in range(2)]
+def in_turn(servers_in_turn: list[servers.Server], prompts: list[list[int]], load: int, max_new_tokens: int,
+            passes: int = 2) -> list[list[e2e.Measurement]]:
+    """`passes` passes of every server, taken in turn (a b a b): what drifts on the machine over a row's minutes falls
+    on each alike. One list of passes per server, in the order given."""
+    runs: list[list[e2e.Measurement]] = [[] for _ in servers_in_turn]
+    for _ in range(passes):
+        for server, mine in zip(servers_in_turn, runs):
+            mine.append(e2e.measure(server, prompts, load, 0.0, max_new_tokens))
+    return runs
+
+
+def slower_row(server: servers.Server, runs: list[e2e.Measurement], load: int,
+               none_outputs: list[list[int]] | None, phase: str = "fixed") -> tuple[SpeedRow, list[list[int]]]:
+    """The row of the slower pass, and its outputs (NONE's are the others' temperature-0 reference)."""
     slow = max(runs, key=lambda r: r.wall)
     r = e2e.summarize(server.config, load, 0.0, slow.answers, slow.wall, slow.latencies, none_outputs, slow.forward_s)
     row = SpeedRow(config=server.config.name, algorithm=r.algorithm, budget=server.config.budget,
                    overlap=server.config.overlap, load=load, tokens_per_s=r.tokens_per_s,
                    accept_length=r.accept_length, tokens_per_step=r.tokens_per_step, step_ms=r.step_ms,
-                   equal_to_none=r.equal_to_none, walls=[round(x.wall, 4) for x in runs])
+                   equal_to_none=r.equal_to_none, walls=[round(x.wall, 4) for x in runs], phase=phase)
     return row, [a["output_ids"] for a in slow.answers]
+
+
+def measure_row(server: servers.Server, prompts: list[list[int]], load: int, max_new_tokens: int,
+                none_outputs: list[list[int]] | None) -> tuple[SpeedRow, list[list[int]]]:
+    """The slower of two passes, and its outputs."""
+    return slower_row(server, in_turn([server], prompts, load, max_new_tokens)[0], load, none_outputs)
+
+
+def rows_from(paths: list[Path]) -> list[SpeedRow]:
+    """The rows earlier jobs wrote (results.json), in order."""
+    out = []
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"--rows {path} does not exist: name the results.json a `--phase fixed` job wrote")
+        out += [SpeedRow(**r) for r in json.loads(path.read_text())]
+    return out
+
+
+def reference_key(overlap: bool, load: int) -> str:
+    return f"{'on' if overlap else 'off'}-{load}"
+
+
+def references_from(paths: list[Path]) -> dict[str, list[list[int]]]:
+    """NONE's answers the earlier jobs saved beside their results.json (none_outputs.json), by mode and load."""
+    out: dict[str, list[list[int]]] = {}
+    for path in paths:
+        saved = path.parent / "none_outputs.json"
+        if saved.is_file():
+            out.update(json.loads(saved.read_text()))
+    return out
 
 
 # --- the schedule -----------------------------------------------------------------------------------------
@@ -133,7 +221,7 @@ def switch_points(loads: tuple[int, ...]) -> list[int]:
 
 def best_fixed(rows: list[SpeedRow], load: int, overlap: bool) -> SpeedRow:
     fixed = [r for r in rows if r.algorithm == "DDTREE" and isinstance(r.budget, int) and r.overlap == overlap
-             and r.load == load]
+             and r.load == load and r.phase == "fixed"]
     if not fixed:
         raise ValueError(f"no fixed-budget DDTREE row at load {load} (overlap {overlap}) to choose from")
     return max(fixed, key=lambda r: r.tokens_per_s)
@@ -155,6 +243,35 @@ def schedule_wins(rows: list[SpeedRow], scheduled: str, loads: tuple[int, ...], 
     for load in loads:
         mine = [r for r in rows if r.config == scheduled and r.load == load]
         out[load] = bool(mine) and mine[0].tokens_per_s >= best_fixed(rows, load, overlap).tokens_per_s
+    return out
+
+
+@dataclass(frozen=True)
+class ScheduleCost:
+    """The scheduled server against its twin at one load, measured in turn."""
+
+    load: int
+    twin: str
+    twin_row: SpeedRow
+    schedule_row: SpeedRow
+
+    @property
+    def ratio(self) -> float:
+        """schedule / twin tokens/s: below 1 what serving a schedule costs over the fixed server of the same tree."""
+        return self.schedule_row.tokens_per_s / self.twin_row.tokens_per_s
+
+
+def schedule_cost(rows: list[SpeedRow], scheduled: str, loads: tuple[int, ...]) -> list[ScheduleCost]:
+    """Per load where both were measured in phase 2: the scheduled server and the twin measured in turn with it."""
+    out = []
+    for load in loads:
+        mine = [r for r in rows if r.config == scheduled and r.load == load and r.phase == "schedule"]
+        if not mine:
+            continue
+        twins = [r for r in rows if r.config.startswith(TWIN) and r.load == load and r.phase == "schedule"
+                 and r.overlap == mine[0].overlap]
+        if twins:
+            out.append(ScheduleCost(load, twins[-1].config, twins[-1], mine[-1]))
     return out
 
 
@@ -219,34 +336,122 @@ def target_table(found: list[Target]) -> str:
                      + [f"| {t.what} | {t.measured} | {'yes' if t.met else '**no**'} |" for t in found])
 
 
+def cost_table(costs: list[ScheduleCost]) -> str:
+    """The schedule beside its twins: tokens/s (both passes' walls) and the ratio, per load."""
+    out = ["| load | twin (the fixed server of the same tree) | twin tokens/s (walls s) | schedule tokens/s (walls s) "
+           "| schedule / twin |", "|---|---|---|---|---|"]
+    for c in costs:
+        out.append(f"| {c.load} | {c.twin.removeprefix(TWIN)} | {c.twin_row.tokens_per_s} ({c.twin_row.walls}) | "
+                   f"{c.schedule_row.tokens_per_s} ({c.schedule_row.walls}) | {c.ratio:.3f} |")
+    return "\n".join(out)
+
+
 # --- the run ----------------------------------------------------------------------------------------------
 
-def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], prompts: dict[int, list[list[int]]],
-                  loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path,
-                  timeout: float, references: dict[tuple[bool, int], list[list[int]]]) -> None:
-    """Start `configs` together, then measure them one at a time at every load (NONE's outputs, per overlap mode
-    and load, go to `references` for the later rows' temperature-0 comparison); rows are appended and saved."""
+PHASES = ("all", "fixed", "schedule")
+SCHEDULE_PORTS = 32000      # phase 2's fleets (one per overlap mode, 100 ports apart): never phase 1's ports
+
+
+def save_rows(rows: list[SpeedRow], out: Path) -> None:
+    (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+
+
+def start_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], timeout: float) -> dict[str, bool]:
     ready = fleet.start(configs, timeout=timeout)
     for name, ok in ready.items():
         if not ok:
             print(f"{name} did not start: {fleet.servers[name].exit_message()}", flush=True)
+    return ready
+
+
+def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], prompts: dict[int, list[list[int]]],
+                  loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path,
+                  timeout: float, references: dict[str, list[list[int]]]) -> None:
+    """Start `configs` together, then measure them one at a time at every load (NONE's outputs, per overlap mode
+    and load, go to `references` for the later rows' temperature-0 comparison); rows are appended and saved."""
+    ready = start_fleet(fleet, configs, timeout)
     for cfg in configs:
         if not ready.get(cfg.name):
             continue
         server = fleet.servers[cfg.name]
         for load in loads:
-            reference = None if cfg.algorithm == "NONE" else references.get((cfg.overlap, load))
+            reference = None if cfg.algorithm == "NONE" else references.get(reference_key(cfg.overlap, load))
             try:
                 row, outputs = measure_row(server, prompts[load], load, max_new_tokens, reference)
             except Exception as err:                  # a server that fails under load: its rows say so, others go on
                 print(f"{cfg.name} at load {load}: {type(err).__name__}: {str(err)[:300]}", flush=True)
                 continue
             if cfg.algorithm == "NONE":
-                references[(cfg.overlap, load)] = outputs
+                references[reference_key(cfg.overlap, load)] = outputs
+                (out / "none_outputs.json").write_text(json.dumps(references))
             rows.append(row)
             print(f"{row.config} load {load}: {row.tokens_per_s} tok/s, accept {row.accept_length}, "
                   f"walls {row.walls}, equal to NONE {row.equal_to_none}", flush=True)
-            (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+            save_rows(rows, out)
+
+
+def measure_schedule(fleet: servers.Fleet, schedule: Schedule, overlap: bool, prompts: dict[int, list[list[int]]],
+                     loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path, timeout: float,
+                     references: dict[str, list[list[int]]], profile: bool) -> list[e2e.ProfileRow]:
+    """Phase 2 for one overlap mode: the scheduled server and its twins started together; at each load the twin of
+    that load's budget and the scheduled server measured in turn (twin, schedule, twin, schedule), each its slower
+    pass. With `profile`, profiled copies of the scheduled server and of its 1-request twin are driven at 1 request
+    afterwards; their stage medians are returned."""
+    sched = scheduled_config(schedule, overlap)
+    twins = twin_configs(schedule, overlap)
+    probes = [profiled(sched), profiled(next(t for t in twins if t.name == twin_at(schedule, 1, overlap)))] \
+        if profile else []
+    ready = start_fleet(fleet, [sched, *twins, *probes], timeout)
+    for load in loads:
+        names = [twin_at(schedule, load, overlap), sched.name]
+        if not all(ready.get(n) for n in names):
+            print(f"{sched.name} at load {load}: not measured ({' or '.join(n for n in names if not ready.get(n))} "
+                  f"did not start)", flush=True)
+            continue
+        pair = [fleet.servers[n] for n in names]
+        reference = references.get(reference_key(overlap, load))
+        try:
+            runs = in_turn(pair, prompts[load], load, max_new_tokens)
+        except Exception as err:
+            print(f"{sched.name} at load {load}: {type(err).__name__}: {str(err)[:300]}", flush=True)
+            continue
+        for server, mine in zip(pair, runs):
+            row, _ = slower_row(server, mine, load, reference, phase="schedule")
+            rows.append(row)
+            print(f"{row.config} load {load} (in turn): {row.tokens_per_s} tok/s, accept {row.accept_length}, "
+                  f"walls {row.walls}, equal to NONE {row.equal_to_none}", flush=True)
+        save_rows(rows, out)
+    found = []
+    for cfg in probes:
+        if ready.get(cfg.name):
+            found += e2e.profile_rows(fleet.servers[cfg.name], prompts[min(loads)], [1], max_new_tokens)
+    return found
+
+
+def schedule_report(schedules: dict[bool, Schedule], rows: list[SpeedRow], loads: tuple[int, ...]) -> dict:
+    """Per overlap mode: the schedule, the server that serves it, where it won (measured rows only), its cost
+    beside its twins."""
+    report = {}
+    for overlap, schedule in schedules.items():
+        name = f"ddtree-found{OVERLAP if overlap else ''}"
+        single = len(schedule.steps) == 1
+        if single:       # one width wins everywhere: the schedule is that fixed server
+            name = fixed_name(schedule.steps[0][1], overlap)
+        measured = any(r.config == name for r in rows)
+        report["overlap" if overlap else "no overlap"] = {
+            "schedule": str(schedule), "server": name, "one width": single, "measured": measured,
+            "wins at": {str(k): v for k, v in schedule_wins(rows, name, loads, overlap).items()} if measured else {},
+            "schedule / twin": {str(c.load): round(c.ratio, 3) for c in schedule_cost(rows, name, loads)}}
+    return report
+
+
+def given_schedules(args, modes: tuple[bool, ...]) -> dict[bool, Schedule]:
+    """--schedule-off / --schedule-on, parsed (DDTreeConfigError names the flag and the value)."""
+    given = {}
+    for overlap, text in ((False, args.schedule_off), (True, args.schedule_on)):
+        if text and overlap in modes:
+            given[overlap] = parse_schedule(text, f"--schedule-{'on' if overlap else 'off'}")
+    return given
 
 
 def main(argv=None) -> int:
@@ -259,49 +464,66 @@ def main(argv=None) -> int:
     ap.add_argument("--loads", default=",".join(map(str, LOADS)))
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     ap.add_argument("--start-timeout", type=float, default=900)
+    ap.add_argument("--phase", choices=PHASES, default="all",
+                    help="fixed: phase 1 only; schedule: phase 2 only, from --rows; all: both (default)")
+    ap.add_argument("--modes", default="off,on", help="the overlap scheduler's modes measured: off, on or off,on")
+    ap.add_argument("--rows", default="", help="results.json files of earlier --phase fixed jobs, comma-separated")
+    ap.add_argument("--schedule-off", default="", help="measure this schedule without the overlap scheduler")
+    ap.add_argument("--schedule-on", default="", help="measure this schedule with the overlap scheduler")
+    ap.add_argument("--no-profile", action="store_true", help="phase 2 without the profiled servers")
     args = ap.parse_args(argv)
     loads = tuple(int(x) for x in args.loads.split(","))
     if max(loads) > MAX_BS or min(loads) < 1:
         ap.error(f"--loads {args.loads} is invalid: expected loads 1..{MAX_BS} (the servers' running requests)")
+    try:
+        modes = parse_modes(args.modes)
+        given = given_schedules(args, modes)
+    except (ValueError, DDTreeConfigError) as err:
+        ap.error(str(err))
+    row_files = [Path(x) for x in args.rows.split(",") if x]
+    if args.phase == "schedule" and not row_files and set(given) != set(modes):
+        ap.error(f"--phase schedule without --rows needs --schedule-off / --schedule-on for every mode of --modes "
+                 f"{args.modes}: name the results.json of the --phase fixed jobs with --rows, or give the schedules")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     heldout, seen = (json.loads(Path(p).read_text()) for p in (args.prompts, args.train_prompts))
     prompts = {load: mixed_prompts(heldout, seen, prompts_per_load(load)) for load in loads}
-    fleet = servers.Fleet(Path(args.pair), out / "logs")
-    rows: list[SpeedRow] = []
+    rows: list[SpeedRow] = rows_from(row_files)
+    references = references_from(row_files)
+    if args.phase in ("all", "fixed"):
+        fleet = servers.Fleet(Path(args.pair), out / "logs")
+        try:                                       # NONE first: the reference
+            measure_fleet(fleet, fixed_configs(tuple(int(b) for b in args.budgets.split(",")), modes), prompts,
+                          loads, args.max_new_tokens, rows, out, args.start_timeout, references)
+        finally:
+            fleet.stop_all()
     schedules: dict[bool, Schedule] = {}
-    references: dict[tuple[bool, int], list[list[int]]] = {}
-    try:
-        phase1 = fixed_configs(tuple(int(b) for b in args.budgets.split(",")))     # NONE first: the reference
-        measure_fleet(fleet, phase1, prompts, loads, args.max_new_tokens, rows, out, args.start_timeout, references)
-        for s in list(fleet.servers.values()):
-            s.stop()
-        phase2 = []
-        for overlap in (False, True):
-            schedule = found_schedule(rows, loads, overlap)
-            schedules[overlap] = schedule
-            if len(schedule.steps) > 1:
-                phase2.append(scheduled_config(schedule, overlap))
-            print(f"found schedule (overlap {overlap}): {schedule}", flush=True)
-        if phase2:
-            measure_fleet(fleet, phase2, prompts, loads, args.max_new_tokens, rows, out, args.start_timeout,
-                          references)
-    finally:
-        fleet.stop_all()
-    report = {}
-    for overlap, schedule in schedules.items():
-        name = f"ddtree-found{OVERLAP if overlap else ''}"
-        single = len(schedule.steps) == 1
-        if single:       # one width wins everywhere: the schedule is that fixed server
-            name = f"ddtree-b{schedule.steps[0][1]}-c{CAP}-graphs{OVERLAP if overlap else ''}-bs48"
-        report["overlap" if overlap else "no overlap"] = {
-            "schedule": str(schedule), "server": name, "one width": single,
-            "wins at": {str(k): v for k, v in schedule_wins(rows, name, loads, overlap).items()}}
+    profiles: list[e2e.ProfileRow] = []
+    for i, overlap in enumerate(modes):
+        try:
+            schedules[overlap] = given.get(overlap) or found_schedule(rows, loads, overlap)
+        except ValueError as err:
+            print(f"no schedule for overlap {overlap}: {err}", flush=True)
+            continue
+        print(f"{'given' if overlap in given else 'found'} schedule (overlap {overlap}): {schedules[overlap]}", flush=True)
+        if args.phase in ("all", "schedule") and len(schedules[overlap].steps) > 1:
+            fleet = servers.Fleet(Path(args.pair), out / "logs", base_port=SCHEDULE_PORTS + 100 * i)
+            try:
+                profiles += measure_schedule(fleet, schedules[overlap], overlap, prompts, loads, args.max_new_tokens,
+                                             rows, out, args.start_timeout, references, not args.no_profile)
+            finally:
+                fleet.stop_all()
+    save_rows(rows, out)
+    report = schedule_report(schedules, rows, loads)
     candidate = report.get("overlap", {}).get("server", "ddtree-found-overlap")
     found = targets(rows, loads, candidate)
     (out / "schedule.json").write_text(json.dumps(report, indent=1))
-    text = (f"tokens/s (accept length), temperature 0, the slower of two passes\n\n{load_table(rows, loads)}\n\n"
-            f"schedules found: {json.dumps(report)}\n\n{target_table(found)}\n")
+    costs = "\n\n".join(f"{name} beside its twins (measured in turn):\n\n{cost_table(schedule_cost(rows, name, loads))}"
+                        for name in ("ddtree-found", "ddtree-found-overlap") if schedule_cost(rows, name, loads))
+    stages = f"step profile at 1 request (median ms host / total):\n\n{e2e.profile_table(profiles)}" if profiles else ""
+    text = "\n\n".join(x for x in (
+        f"tokens/s (accept length), temperature 0, the slower of two passes\n\n{load_table(rows, loads)}",
+        costs, stages, f"schedules: {json.dumps(report)}", target_table(found)) if x) + "\n"
     (out / "table.md").write_text(text)
     print(text)
     return 0

@@ -5,13 +5,19 @@
 #                                in the background while the test bed is staged (BG=/tmp/ddtree-train
 #                                tests/gpu_sglang/bg.sh start bench/speed_sweep.sh train); a pair already there, or
 #                                one carried back (UNPACK=DIR: the parts PACK=1 wrote), is kept
-#   bench/speed_sweep.sh run     after staging: waits for the training, exports the pair to SGLang's formats and runs
+#   bench/speed_sweep.sh run [JOB] [sglang_speed.py options]
+#                                after staging: waits for the training, exports the pair to SGLang's formats and runs
 #                                bench/sglang_speed.py (NONE, DFLASH, DDTREE +- the overlap scheduler, the schedule it
-#                                finds; 1, 8, 16, 32, 48 running requests) alone on the GPU
-# Results: $OUT/speed.tgz (table.md, results.json, schedule.json, server logs, train.json); PACK=1 also writes the pair
-# to $OUT/pair.tgz.part* (15 MiB parts) to be carried back.
+#                                finds beside its twins; 1, 8, 16, 32, 48 running requests) alone on the GPU. JOB splits
+#                                the sweep into jobs of one device call each (about 8, 8 and 7 minutes on the H200,
+#                                run back to back on one machine): fixed-off, fixed-on (phase 1 in each overlap mode),
+#                                schedule (phase 2 from the fixed jobs' rows on this machine); all (the default) runs
+#                                the whole sweep in one process (about 20 minutes). Each job's results: $RESULTS/JOB
+# Results: $OUT/speed.tgz (every job's table.md, results.json, schedule.json, server logs; train.json); PACK=1 also
+# writes the pair to $OUT/pair.tgz.part* (15 MiB parts) to be carried back.
 set -u
 cd "$(dirname "$0")/.."
+. bench/carry.sh
 W=${SPEED_DIR:-/tmp/ddtree-speed}
 PAIR=$W/pair
 RESULTS=$W-out      # /tmp/ddtree-*/results.json: tests/gpu_sglang/bg.sh wait brings it back while the sweep runs
@@ -20,9 +26,7 @@ t0=$(date +%s)
 say() { echo "[speed $(( $(date +%s) - t0 )) s] $*"; }
 
 train() {
-  if [ -n "${UNPACK:-}" ] && ls "$UNPACK"/pair.tgz.part* > /dev/null 2>&1; then
-    cat "$UNPACK"/pair.tgz.part* | tar xzf - -C "$W" && say "pair unpacked from $UNPACK"
-  fi
+  [ -n "${UNPACK:-}" ] && carry_unpack pair "$UNPACK" "$W"
   if [ -f "$PAIR/b8/draft/model.safetensors" ] && [ -f "$PAIR/train_prompts.json" ]; then
     say "pair already trained: $PAIR"; return 0
   fi
@@ -34,7 +38,31 @@ train() {
   return $rc
 }
 
+job_args() {   # JOB -> sglang_speed.py's options for it (the schedule job: the modes whose fixed job ran here)
+  local rows="" modes=""
+  case $1 in
+    all) ;;
+    fixed-off) echo "--phase fixed --modes off" ;;
+    fixed-on) echo "--phase fixed --modes on" ;;
+    schedule)
+      for m in off on; do
+        [ -f "$RESULTS/fixed-$m/results.json" ] || continue
+        rows=${rows:+$rows,}$RESULTS/fixed-$m/results.json; modes=${modes:+$modes,}$m
+      done
+      if [ -z "$rows" ]; then
+        echo "speed_sweep.sh run schedule: no $RESULTS/fixed-off or fixed-on results.json on this machine: run the fixed-off and fixed-on jobs first" >&2
+        return 2
+      fi
+      echo "--phase schedule --modes $modes --rows $rows" ;;
+    *) echo "speed_sweep.sh run $1 is not a job: expected fixed-off, fixed-on, schedule or all" >&2; return 2 ;;
+  esac
+}
+
 run() {
+  job=all
+  case ${1:-} in -*|"") ;; *) job=$1; shift ;; esac
+  local opts; opts=$(job_args "$job") || return 2
+  read -r -a args <<< "$opts"
   . .gpu-bundles/bin/env.sh
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   while [ -f /tmp/ddtree-train/log ] && [ ! -f /tmp/ddtree-train/rc ]; do sleep 5; done   # the background training
@@ -42,9 +70,9 @@ run() {
   python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
   [ -d "$W/sglang-pair/target" ] || python3 -m ddtree.reference.export --pair "$PAIR/b8" --out "$W/sglang-pair" \
     > "$W/export.log" 2>&1 || { cat "$W/export.log"; return 1; }
-  say "pair exported; the sweep starts"
+  say "pair exported; the sweep's job $job starts"
   python3 bench/sglang_speed.py --pair "$W/sglang-pair" --prompts "$PAIR/heldout_prompts.json" \
-    --train-prompts "$PAIR/train_prompts.json" --out "$RESULTS" "$@"
+    --train-prompts "$PAIR/train_prompts.json" --out "$RESULTS/$job" "${args[@]}" "$@"
   rc=$?
   cp "$PAIR/train.json" "$W/train.log" "$RESULTS/" 2>/dev/null
   [ -n "${OUT:-}" ] && tar czf "$OUT/speed.tgz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"
@@ -54,11 +82,11 @@ run() {
 
 pack() {
   [ -n "${OUT:-}" ] || return 0
-  tar czf - -C "$W" --exclude='*/sglang-pair' pair | split -b 15m - "$OUT/pair.tgz.part"
+  carry_pack pair "$W" 0 pair
 }
 
 case ${1:-} in
   train) shift; train; rc=$?; [ "${PACK:-0}" = 1 ] && pack; exit $rc ;;
   run) shift; run "$@"; rc=$?; [ "${PACK:-0}" = 1 ] && pack; exit $rc ;;
-  *) echo "usage: $0 train | run [sglang_speed.py options]" >&2; exit 2 ;;
+  *) echo "usage: $0 train | run [fixed-off | fixed-on | schedule | all] [sglang_speed.py options]" >&2; exit 2 ;;
 esac

@@ -25,7 +25,7 @@ case ${1:-} in
     # folders under /tmp/ddtree-*: results.md / results.json after each test, node-check.md)
     if [ -n "${OUT:-}" ]; then
       cp "$BG"/out/* "$OUT"/ 2>/dev/null
-      running=$(ls /tmp/ddtree-*/results.md /tmp/ddtree-*/results.json /tmp/ddtree-*/node-check.md 2>/dev/null)
+      running=$(ls /tmp/ddtree-*/results.md /tmp/ddtree-*/results.json /tmp/ddtree-*/*/results.json /tmp/ddtree-*/node-check.md 2>/dev/null)
       [ -n "$running" ] && tar czf "$OUT/running.tgz" $running 2>/dev/null
     fi
     if [ -f "$BG/rc" ]; then

@@ -41,6 +41,7 @@ set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here"
 . .gpu-bundles/bin/env.sh
+. bench/carry.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PART=${1:-nodes}
 SIZES=${SIZES:-small kimi-dense kimi-allexp kimi}
@@ -53,8 +54,8 @@ unpack_pairs() {   # UNPACK=DIR: the pairs a previous job packed (PACK=1), so th
   local s missing=0
   for s in $SIZES; do [ -f "$ROOT/$s/pair/b8/draft/model.safetensors" ] || missing=1; done
   [ $missing = 1 ] || return 0
-  if ls "$UNPACK"/pairs.tgz.part* > /dev/null 2>&1; then
-    cat "$UNPACK"/pairs.tgz.part* | tar xzf - -C "$ROOT" && echo "[decide] pairs unpacked from $UNPACK: $(cd "$ROOT" && ls -d */pair | tr '\n' ' ')"
+  if carry_unpack pairs "$UNPACK" "$ROOT"; then
+    echo "[decide] pairs unpacked: $(cd "$ROOT" && ls -d */pair | tr '\n' ' ')"
   else
     echo "[decide] UNPACK=$UNPACK holds no pairs.tgz.part*: the pairs are trained here" >&2
   fi
@@ -62,8 +63,9 @@ unpack_pairs() {   # UNPACK=DIR: the pairs a previous job packed (PACK=1), so th
 
 pack_pairs() {    # PACK=1: SIZES' trained pairs (reference formats only) to $OUT/pairs.tgz.part*, 15 MiB parts to carry back
   [ "${PACK:-0}" = 1 ] || return 0
-  (cd "$ROOT" && tar czf - $(for s in $SIZES; do [ -d "$s/pair" ] && echo "$s/pair"; done)) | split -b 15M - "$OUT/pairs.tgz.part"
-  echo "[decide] pairs packed: $(ls "$OUT"/pairs.tgz.part* | wc -l) parts"
+  local s paths=()
+  for s in $SIZES; do paths+=("$s/pair"); done
+  carry_pack pairs "$ROOT" 0 "${paths[@]}"
 }
 
 train() {     # SIZES' pairs trained at once (a pair already on this machine or unpacked is kept); only torch needed
@@ -215,17 +217,12 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
     report moe "$s" ;;
   marlin)     # issue 44 item 4: SGLang's Marlin INT4 MoE kernel built once (JIT, nvcc), its cache packed, the INT4 test
     s=${MARLIN_SIZE:-kimi-allexp}
-    if [ -n "${MARLIN_CACHE:-}" ] && ls "$MARLIN_CACHE"/marlin-jit.tgz.part* > /dev/null 2>&1; then
-      cat "$MARLIN_CACHE"/marlin-jit.tgz.part* | tar xzf - -C "$HOME" && echo "[decide] Marlin JIT cache unpacked"
-    fi
+    [ -n "${MARLIN_CACHE:-}" ] && carry_unpack marlin-jit "$MARLIN_CACHE" "$HOME"
     t1=$(date +%s)
     python3 bench/kimi_probe.py --out "$ROOT/marlin-warm" --group marlin-warm --arch dsv3 \
       --timeout "${MARLIN_WAIT:-1200}" > "$ROOT/marlin-warm.log" 2>&1
     echo "[decide] Marlin warm-up server done after $(( $(date +%s) - t1 )) s: $(tail -1 "$ROOT/marlin-warm.log")"
-    (cd "$HOME" && tar czf - $(ls -d .cache/sglang .cache/tvm-ffi 2>/dev/null)) > "$ROOT/marlin-jit.tgz"
-    echo "[decide] Marlin JIT cache $(du -h "$ROOT/marlin-jit.tgz" | cut -f1)"
-    [ "$(stat -c %s "$ROOT/marlin-jit.tgz")" -le $((45 * 1024 * 1024)) ] && split -b 15M "$ROOT/marlin-jit.tgz" \
-      "$OUT/marlin-jit.tgz.part"
+    carry_pack marlin-jit "$HOME" 45 .cache/sglang .cache/tvm-ffi
     env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-marlin-$s" SGLANG_DDTREE_START=none,none-int4,ddtree-b32-c8-graphs-int4 \
       SGLANG_DDTREE_BASE_PORT=46000 python3 -m pytest tests/gpu_sglang/test_kimi_path.py -p no:cacheprovider -q -rfE \
       -k "int4 and marlin" > "$ROOT/marlin-$s.log" 2>&1

@@ -24,11 +24,10 @@ cd "$here"
 SIZE=${SIZE:-small}
 WORK=${WORK:-$SGLANG_TESTBED/ddtree$([ "$SIZE" = small ] || echo "-$SIZE")}; OUTDIR=${OUTDIR:-$WORK/out}; mkdir -p "$WORK" "$OUTDIR"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. bench/carry.sh
 if [ -n "${UNPACK:-}" ]; then
-  for name in pair jit; do
-    ls "$UNPACK"/$name.tgz.part* >/dev/null 2>&1 || continue
-    cat "$UNPACK"/$name.tgz.part* | tar xzf - -C "$([ $name = pair ] && echo "$WORK" || echo "$HOME")"
-  done
+  carry_unpack pair "$UNPACK" "$WORK"
+  carry_unpack jit "$UNPACK" "$HOME"
 fi
 t0=$(date +%s)
 python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 \
@@ -89,13 +88,8 @@ if [ -n "${OUT:-}" ] && [ "$OUT" != "$OUTDIR" ]; then
     2>/dev/null
   tar czf "$OUT/logs.tgz" -C "$OUTDIR" logs $(cd "$OUTDIR" && ls -d traces 2>/dev/null) 2>/dev/null
   if [ "${PACK:-0}" = 1 ]; then
-    tar czf - -C "$WORK" pair | split -b 15M - "$OUT/pair.tgz.part"
-    (cd "$HOME" && tar czf - $(ls -d .triton .cache/flashinfer .cache/tvm-ffi .cache/sglang 2>/dev/null)) > "$WORK/jit.tgz"
-    if [ "$(stat -c %s "$WORK/jit.tgz")" -le $((30 * 1024 * 1024)) ]; then
-      split -b 15M "$WORK/jit.tgz" "$OUT/jit.tgz.part"
-    else
-      echo "[run] JIT caches are $(du -h "$WORK/jit.tgz" | cut -f1): not packed"
-    fi
+    carry_pack pair "$WORK" 0 pair
+    carry_pack jit "$HOME" 30 .triton .cache/flashinfer .cache/tvm-ffi .cache/sglang
   fi
   ls -la "$OUT" | awk 'NR > 1 {print $5, $9}'
 fi

@@ -15,11 +15,12 @@ SCRIPT = (ROOT / "tests/gpu_sglang/decide.sh").read_text()
 
 
 def functions() -> str:
-    """unpack_pairs and pack_pairs as the script defines them."""
+    """unpack_pairs and pack_pairs as the script defines them, after the carry helper it sources."""
     found = [m.group(0) for name in ("unpack_pairs", "pack_pairs")
              for m in [re.search(rf"^{name}\(\) {{.*?^}}$", SCRIPT, re.S | re.M)] if m]
     assert len(found) == 2, "decide.sh no longer defines unpack_pairs and pack_pairs"
-    return "\n".join(found)
+    assert re.search(r"^\. bench/carry\.sh$", SCRIPT, re.M), "decide.sh no longer sources bench/carry.sh"
+    return "\n".join([(ROOT / "bench/carry.sh").read_text(), *found])
 
 
 def bash(tmp: Path, body: str, **env: str) -> subprocess.CompletedProcess:
@@ -45,7 +46,7 @@ def test_pairs_packed_in_parts_come_back_whole_without_their_exports(tmp_path):
     r = bash(tmp_path, "pack_pairs", ROOT=str(first), OUT=str(out), SIZES="kimi kimi-dense", PACK="1")
     assert r.returncode == 0, r.stderr
     parts = sorted(p.name for p in out.iterdir())
-    assert parts == ["pairs.tgz.partaa", "pairs.tgz.partab"] and "2 parts" in r.stdout
+    assert parts == ["pairs.tgz.partaa", "pairs.tgz.partab"] and "in 2 parts" in r.stdout
     assert all(p.stat().st_size <= 15 * 1024 * 1024 for p in out.iterdir())
     second.mkdir()
     r = bash(tmp_path, "unpack_pairs", ROOT=str(second), UNPACK=str(out), SIZES="kimi kimi-dense")

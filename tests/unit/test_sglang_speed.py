@@ -88,3 +88,146 @@ def test_targets_hold_the_candidate_to_every_load_and_compute_step_efficiency():
     eff = found["step efficiency tokens/s / (accept length x NONE tokens/s) >= 0.7 at 1 request"]
     assert eff.met is True and "= 0.74" in eff.measured          # 1300 / (5.5 x 320)
     assert "**no**" in speed.target_table(list(found.values()))
+
+
+# --- the sweep split into jobs, and the schedule measured beside its twins ------------------------------------------
+
+def test_modes_parse_and_a_bad_one_is_named():
+    assert speed.parse_modes("off,on") == (False, True) and speed.parse_modes("on") == (True,)
+    assert speed.parse_modes("on,on") == (True,)
+    with pytest.raises(ValueError, match=r"--modes 'of' is invalid: expected off, on or off,on"):
+        speed.parse_modes("of")
+    names = [c.name for c in speed.fixed_configs((16, 32), (True,))]
+    assert names == ["none-overlap-bs48", "dflash-overlap-bs48", "ddtree-b16-c8-graphs-overlap-bs48",
+                     "ddtree-b32-c8-graphs-overlap-bs48"]
+
+
+def test_twins_are_the_fixed_servers_of_the_schedules_budgets_under_names_of_their_own():
+    sched = parse_schedule("1:32,3:16,40:32", "s")
+    twins = speed.twin_configs(sched, overlap=False)
+    assert [t.name for t in twins] == ["twin-ddtree-b16-c8-graphs-bs48", "twin-ddtree-b32-c8-graphs-bs48"]
+    assert [t.budget for t in twins] == [16, 32] and all(not t.overlap and t.max_bs == 48 for t in twins)
+    assert ("SGLANG_DDTREE_SCHEDULE", "1") not in twins[0].env            # a fixed server: no schedule switch
+    assert speed.twin_at(sched, 1, False) == "twin-ddtree-b32-c8-graphs-bs48"
+    assert speed.twin_at(sched, 3, False) == "twin-ddtree-b16-c8-graphs-bs48"
+    assert speed.twin_at(sched, 48, False) == "twin-ddtree-b32-c8-graphs-bs48"
+    on = speed.twin_configs(parse_schedule("1:32,3:64", "s"), overlap=True)
+    assert [t.name for t in on] == ["twin-ddtree-b32-c8-graphs-overlap-bs48", "twin-ddtree-b64-c8-graphs-overlap-bs48"]
+    assert all(("SGLANG_DDTREE_OVERLAP", "1") in t.env for t in on)
+    prof = speed.profiled(speed.scheduled_config(sched, overlap=False))
+    assert prof.name == "ddtree-found-profile" and prof.budget == "1:32,3:16,40:32"
+    assert ("SGLANG_DDTREE_PROFILE_STEPS", "40") in prof.env and ("SGLANG_DDTREE_SCHEDULE", "1") in prof.env
+
+
+class Recorder:
+    """Stands in for e2e.measure (a real SGLang server needs the GPU): records which server ran when."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, server, prompts, load, temperature, max_new_tokens):
+        self.calls.append((server.config.name, load))
+        wall = 1.0 + 0.5 * len(self.calls)
+        answers = [{"output_ids": [1, 2, 3], "meta_info": {"spec_verify_ct": 1, "spec_accept_length": 2.0}}]
+        return speed.e2e.Measurement(answers, wall, [wall], None)
+
+
+def test_passes_are_taken_in_turn_and_each_server_keeps_its_slower_one(monkeypatch):
+    from types import SimpleNamespace
+
+    rec = Recorder()
+    monkeypatch.setattr(speed.e2e, "measure", rec)
+    a = SimpleNamespace(config=speed.servers.config("ddtree-b32-c8-graphs-bs48"))
+    b = SimpleNamespace(config=speed.scheduled_config(parse_schedule("1:32,3:16", "s"), False))
+    runs = speed.in_turn([a, b], [[1, 2]], 1, 8)
+    assert rec.calls == [("ddtree-b32-c8-graphs-bs48", 1), ("ddtree-found", 1)] * 2
+    assert [[m.wall for m in r] for r in runs] == [[1.5, 2.5], [2.0, 3.0]]
+    row, outputs = speed.slower_row(b, runs[1], 1, None, phase="schedule")
+    assert row.walls == [2.0, 3.0] and row.tokens_per_s == round(3 / 3.0, 1) and row.phase == "schedule"
+    assert row.budget == "1:32,3:16" and outputs == [[1, 2, 3]]
+
+
+def test_rows_of_earlier_jobs_load_the_first_runs_file_included(tmp_path):
+    from pathlib import Path
+
+    first = Path(__file__).resolve().parents[2] / "docs/data/h200-2026-12-04-speed1.json"
+    (tmp_path / "results.json").write_text(__import__("json").dumps(__import__("json").loads(first.read_text())["rows"]))
+    rows = speed.rows_from([tmp_path / "results.json"])
+    assert len(rows) == 70 and all(r.phase == "fixed" for r in rows)        # rows written before phases existed
+    assert speed.best_fixed(rows, 1, False).config == "ddtree-b32-c8-graphs-bs48"
+    (tmp_path / "none_outputs.json").write_text('{"off-1": [[5, 6]]}')
+    assert speed.references_from([tmp_path / "results.json"]) == {"off-1": [[5, 6]]}
+    with pytest.raises(FileNotFoundError, match=r"--rows .*nowhere.json does not exist: name the results.json"):
+        speed.rows_from([tmp_path / "nowhere.json"])
+
+
+def schedule_rows():
+    rows = fixed_rows({1: 32, 8: 16})                                       # phase 1: best 1500 at both loads
+    rows += [row("ddtree-found", "DDTREE", 1, 1200, budget="1:32,3:16"),
+             row("twin-ddtree-b32-c8-graphs-bs48", "DDTREE", 1, 1600, budget=32),
+             row("ddtree-found", "DDTREE", 8, 1510, budget="1:32,3:16"),
+             row("twin-ddtree-b16-c8-graphs-bs48", "DDTREE", 8, 1490, budget=16),
+             row("twin-ddtree-b16-c8-graphs-overlap-bs48", "DDTREE", 8, 100, budget=16, overlap=True)]
+    for r in rows[-5:]:
+        r.phase = "schedule"
+    return rows
+
+
+def test_the_schedule_is_set_against_the_twin_it_ran_in_turn_with_and_found_from_phase_one_only():
+    rows = schedule_rows()
+    costs = speed.schedule_cost(rows, "ddtree-found", (1, 8))
+    assert [(c.load, c.twin, round(c.ratio, 3)) for c in costs] == [
+        (1, "twin-ddtree-b32-c8-graphs-bs48", 0.75), (8, "twin-ddtree-b16-c8-graphs-bs48", round(1510 / 1490, 3))]
+    assert speed.best_fixed(rows, 1, False).tokens_per_s == 1500             # the twin's 1600 is not phase 1's
+    assert str(speed.found_schedule(rows, (1, 8), False)) == "1:32,3:16"
+    table = speed.cost_table(costs)
+    assert "| 1 | ddtree-b32-c8-graphs-bs48 | 1600 ([1.0, 1.1]) | 1200 ([1.0, 1.1]) | 0.750 |" in table
+    report = speed.schedule_report({False: parse_schedule("1:32,3:16", "s"),
+                                    True: parse_schedule("1:16,3:32", "s")}, rows, (1, 8))
+    assert report["no overlap"]["wins at"] == {"1": False, "8": True} and report["no overlap"]["measured"]
+    assert report["no overlap"]["schedule / twin"] == {"1": 0.75, "8": round(1510 / 1490, 3)}
+    assert report["overlap"] == {"schedule": "1:16,3:32", "server": "ddtree-found-overlap", "one width": False,
+                                 "measured": False, "wins at": {}, "schedule / twin": {}}
+
+
+def test_a_schedule_job_without_rows_or_schedules_is_refused_by_name(tmp_path, capsys):
+    base = ["--pair", "p", "--prompts", "h.json", "--train-prompts", "t.json", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit):
+        speed.main(base + ["--phase", "schedule"])
+    assert "--phase schedule without --rows needs --schedule-off / --schedule-on for every mode" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        speed.main(base + ["--phase", "schedule", "--modes", "on", "--schedule-on", "1:32,3:x"])
+    assert "--schedule-on=1:32,3:x is invalid" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        speed.main(base + ["--modes", "both"])
+    assert "--modes 'both' is invalid" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()                                     # refused before anything was written
+
+
+def job_args(tmp_path, job: str):
+    import re
+    import subprocess
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[2] / "bench/speed_sweep.sh").read_text()
+    fn = re.search(r"^job_args\(\) \{.*?^\}$", script, re.S | re.M)
+    assert fn, "bench/speed_sweep.sh no longer defines job_args"
+    return subprocess.run(["bash", "-c", f"set -u\n{fn.group(0)}\njob_args {job}"], capture_output=True, text=True,
+                          env={"RESULTS": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=30)
+
+
+def test_the_sweeps_jobs_map_to_phases_and_the_schedule_job_reads_the_fixed_jobs_rows_on_its_machine(tmp_path):
+    assert job_args(tmp_path, "fixed-off").stdout.split() == ["--phase", "fixed", "--modes", "off"]
+    assert job_args(tmp_path, "all").stdout == ""
+    r = job_args(tmp_path, "schedule")
+    assert r.returncode == 2 and "run the fixed-off and fixed-on jobs first" in r.stderr
+    (tmp_path / "fixed-on").mkdir()
+    (tmp_path / "fixed-on/results.json").write_text("[]")
+    assert job_args(tmp_path, "schedule").stdout.split() == [
+        "--phase", "schedule", "--modes", "on", "--rows", f"{tmp_path}/fixed-on/results.json"]
+    (tmp_path / "fixed-off").mkdir()
+    (tmp_path / "fixed-off/results.json").write_text("[]")
+    assert job_args(tmp_path, "schedule").stdout.split()[3:] == [
+        "off,on", "--rows", f"{tmp_path}/fixed-off/results.json,{tmp_path}/fixed-on/results.json"]
+    r = job_args(tmp_path, "fixed")
+    assert r.returncode == 2 and "run fixed is not a job: expected fixed-off, fixed-on, schedule or all" in r.stderr
