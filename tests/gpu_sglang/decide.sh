@@ -21,6 +21,10 @@
 #              processors, output logprobs) and test_grammars.py, each pair's controls on servers beside its DDTREE
 #              servers; REQUEST_K selects tests (pytest -k), REQUEST_START the servers started (default: all of both
 #              modules);
+#   part "gates": issue 45's gated features on GATES_SIZES (default kimi-dense kimi-allexp: MLA, identity decidable),
+#              one pytest session per pair at once (ports 47000 + 1000 x i): tests/gpu_sglang/test_widths.py (the
+#              budget schedule: each width's graphs, greedy while a batch crosses widths, sampling at two widths) and
+#              test_overlap.py (the overlap scheduler: greedy at 1, 8 and 48 with arrivals, sampling, no host sync);
 #   part "kimipath": tests/gpu_sglang/test_kimi_path.py on KIMIPATH_SIZES (default kimi-dense kimi-allexp: identity
 #              decidable) - the radix cache, the KimiK25 wrapper, and on the MoE pair INT4 experts under SGLang's Triton
 #              MoE runner (issue 44 item 3);
@@ -197,6 +201,17 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
     done
     wait
     report requests ${REQUEST_SIZES:-small kimi-dense} ;;
+  gates)      # issue 45 item 2: the budget schedule and the overlap scheduler on the MLA pairs where identity is decidable
+    i=0
+    for s in ${GATES_SIZES:-kimi-dense kimi-allexp}; do
+      env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-gates-$s" SGLANG_DDTREE_BASE_PORT=$((47000 + 1000 * i)) \
+        SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager,ddtree-b32-c8-graphs-overlap,none-bs48,ddtree-b32-c8-graphs-overlap-synccheck-bs48" \
+        python3 -m pytest tests/gpu_sglang/test_widths.py tests/gpu_sglang/test_overlap.py -p no:cacheprovider -q -rfE \
+        > "$ROOT/gates-$s.log" 2>&1 &
+      i=$((i + 1))
+    done
+    wait
+    report gates ${GATES_SIZES:-kimi-dense kimi-allexp} ;;
   kimipath)   # issue 44 item 3 on the pairs that decide identity: the radix cache, the KimiK25 wrapper, INT4 experts
     i=0
     for s in ${KIMIPATH_SIZES:-kimi-dense kimi-allexp}; do
@@ -229,7 +244,7 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
     cp "$ROOT/marlin-warm.log" /tmp/ddtree-marlin-$s/ 2>/dev/null
     report marlin "$s" ;;
   all) "$0" nodes || rc=1; "$0" greedy || rc=1 ;;
-  *) echo "part $PART is invalid: expected train, nodes, greedy, requests, kimipath, moe, marlin or all (parts joined by + run in turn)" >&2; exit 2 ;;
+  *) echo "part $PART is invalid: expected train, nodes, greedy, requests, gates, kimipath, moe, marlin or all (parts joined by + run in turn)" >&2; exit 2 ;;
 esac
 tar czf "$OUT/train-logs.tgz" -C "$ROOT" $(cd "$ROOT" && ls */train.log */pair/train.json 2>/dev/null) 2>/dev/null
 echo "[decide] part $PART done after $(( $(date +%s) - t0 )) s (rc $rc)"
