@@ -22,7 +22,7 @@ overlap scheduler, measured the same way.
 Beside each scheduled server phase 2 starts again the fixed servers of the budgets it serves ("twins", same overlap
 mode): at each load the twin of that load's budget and the scheduled server are measured in turn (twin, schedule,
 twin, schedule), so that both run the same tree at the same minutes of the machine; the ratio is the schedule's own
-cost (the first run's scheduled server was slower at 1 request than the fixed server of its width, measured 10
+cost (the first run's scheduled server was slower at 1 request than the fixed server of its width, measured
 minutes apart). With --profile (the default) a profiled copy of each (the worker's step profiler) runs at 1 request
 and its stage medians are printed side by side.
 
