@@ -18,18 +18,22 @@ against identity:
      Mann-Whitney U test that DDTREE's are larger.
 A tree-mask fault (a node that sees a sibling) adds partings and larger gaps; the GPU test shows the rule fails it.
 
-Pure Python over the walk's callables: the rule and the walk are checked on the CPU (tests/unit/test_partings.py).
+The temperature-0 rule of the pairs where identity is decidable walks the same way (partings_of) but stops at the
+first real difference or past four near ties (strict_walk; test_ddtree_server.near_ties_against_plain).
+
+Pure Python over the walk's callables: the rules and the walk are checked on the CPU (tests/unit/test_partings.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from tests.gpu_sglang.referee import Parting, TopLogprobs, judge
 
 ALPHA = 0.01             # each of the three tests rejects "no worse" below this p-value
 LIMIT = 12               # partings walked per answer at most
+STRICT_LIMIT = 4         # near ties an answer may pass under the temperature-0 rule
 
 
 @dataclass(frozen=True)
@@ -48,26 +52,48 @@ class AnswerWalk:
     partings: list[Parting] = field(default_factory=list)
 
 
-def walk_answer(plain: PlainModel, prompt: list[int], want: list[int], have: list[int],
-                limit: int = LIMIT) -> AnswerWalk:
-    """`have` (a speculative answer) against plain decoding's `want`, every parting judged and re-anchored."""
-    walk = AnswerWalk(tokens=len(have))
+def partings_of(plain: PlainModel, prompt: list[int], want: list[int], have: list[int]) -> Iterator[Parting]:
+    """Every parting of `have` (a speculative answer) from plain decoding's `want`, in order, each judged
+    (referee.judge); after each, plain decoding is re-anchored on `have`'s prefix through the parting (it must then
+    give `have`'s next tokens). The consumer stops where its rule stops: nothing past the last parting it takes is
+    asked of plain decoding."""
     at = 0
-    while at < len(have):
-        at = _first_difference(want, have, at)
-        if at is None:
-            break
+    while (at := _first_difference(want, have, at)) is not None:
         context = prompt + have[:at]
         top = plain.next_top(context)
         exact = None if plain.float32_logprobs is None else (lambda c=context: plain.float32_logprobs(c))
-        walk.partings.append(judge(at, want[at] if at < len(want) else max(top, key=top.get), have[at], top, exact))
-        if len(walk.partings) >= limit:
-            walk.tokens = at + 1
-            break
+        yield judge(at, want[at] if at < len(want) else max(top, key=top.get), have[at], top, exact)
         rest = len(have) - at - 1
         want = have[:at + 1] + (plain.continue_greedy(prompt + have[:at + 1], rest) if rest else [])
         at += 1
+
+
+def walk_answer(plain: PlainModel, prompt: list[int], want: list[int], have: list[int],
+                limit: int = LIMIT) -> AnswerWalk:
+    """`have` against plain decoding's `want` to its end (at most `limit` partings): the statistical rule's walk."""
+    walk = AnswerWalk(tokens=len(have))
+    for parting in partings_of(plain, prompt, want, have):
+        walk.partings.append(parting)
+        if len(walk.partings) >= limit:
+            walk.tokens = parting.position + 1
+            break
     return walk
+
+
+def strict_walk(plain: PlainModel, prompt: list[int], want: list[int], have: list[int],
+                limit: int = STRICT_LIMIT) -> tuple[list, str | None]:
+    """The temperature-0 rule on targets where identity is decidable (test_ddtree_server and the tests built on it):
+    `have` against plain decoding's `want` until the first real difference or past `limit` near ties. Returns the
+    partings met (Parting.record() of a passed one; the bf16 gap of a failed one) and why it failed (None: it
+    passed)."""
+    records: list = []
+    for parting in partings_of(plain, prompt, want, have):
+        records.append(parting.record() if parting.passed else round(parting.bf16_gap, 5))
+        if not parting.passed:
+            return records, parting.reason()
+        if len(records) > limit:
+            return records, f"more than {limit} near ties"
+    return records, None
 
 
 def _first_difference(want: list[int], have: list[int], start: int) -> int | None:

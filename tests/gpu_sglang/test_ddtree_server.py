@@ -26,8 +26,8 @@ from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
 from tests.helpers import two_sample_chi_square_pvalue
-from tests.gpu_sglang.referee import (Referee, bf16_served_pair, gap_to, judge,  # noqa: E402
-                                      target_referee)
+from tests.gpu_sglang.partings import STRICT_LIMIT, PlainModel, strict_walk  # noqa: E402
+from tests.gpu_sglang.referee import Referee, bf16_served_pair, gap_to, target_referee  # noqa: E402
 
 pytestmark = pytest.mark.sglang_gpu
 
@@ -57,26 +57,21 @@ def none_greedy(fleet, prompts) -> list[list[int]]:
     return outputs(ready(fleet, "none").complete_all(prompts, harness.greedy(), 1))
 
 
+def plain_model(plain: harness.Server, exact: Referee | None = None) -> PlainModel:
+    """What the walks of partings.py ask of plain decoding, from a NONE server (and the float32 referee, if any)."""
+    return PlainModel(next_top=plain.next_top,
+                      continue_greedy=lambda context, n: plain.generate(context, harness.greedy(n))["output_ids"],
+                      float32_logprobs=None if exact is None else exact.logprobs)
+
+
 def near_ties_against_plain(plain: harness.Server, prompt: list[int], want: list[int], have: list[int],
-                            limit: int = 4, exact: Referee | None = None) -> tuple[list, str | None]:
-    """Walk `have` (a speculative output) against plain decoding `want`. Each parting is judged by
-    referee.judge (a bf16 near tie of plain decoding's own; with `exact`, the float32 model's verdict);
+                            limit: int = STRICT_LIMIT, exact: Referee | None = None) -> tuple[list, str | None]:
+    """Walk `have` (a speculative output) against plain decoding `want` (partings.strict_walk). Each parting is
+    judged by referee.judge (a bf16 near tie of plain decoding's own; with `exact`, the float32 model's verdict);
     a passed one re-anchors plain decoding on `have`'s prefix, which must then give `have`'s remaining
     tokens, and so on. Returns the partings met (Parting.record: the bf16 gap of a near tie, else
     (kind, bf16 gap, float32 gap)) and the first real difference (None if none)."""
-    partings = []
-    while (at := harness.first_divergence(want, have)) is not None and at < len(have):
-        context = prompt + have[:at]
-        parting = judge(at, want[at], have[at], plain.next_top(context),
-                        None if exact is None else lambda: exact.logprobs(context))
-        partings.append(parting.record() if parting.passed else round(parting.bf16_gap, 5))
-        if not parting.passed:
-            return partings, parting.reason()
-        if len(partings) > limit:
-            return partings, f"more than {limit} near ties"
-        rest = plain.generate(prompt + have[:at + 1], harness.greedy(len(have) - at - 1))["output_ids"]
-        want = have[:at + 1] + rest
-    return partings, None
+    return strict_walk(plain_model(plain, exact), prompt, want, have, limit)
 
 
 def compare_with_plain(plain: harness.Server, prompts: list[list[int]], want: list[list[int]],

@@ -1,5 +1,8 @@
-"""The top-2-of-8 statistical rule of the GPU tests (tests/gpu_sglang/partings.py) on the CPU: the walk of an answer
-against a small deterministic plain decoder, and the three one-sided tests against hand-computed values."""
+"""The GPU tests' two rules for speculative answers (tests/gpu_sglang/partings.py) on the CPU: the top-2-of-8
+statistical rule (the walk of an answer to its end against a small deterministic plain decoder, and the three
+one-sided tests against hand-computed values) and the temperature-0 rule of the pairs where identity is decidable
+(strict_walk, which test_ddtree_server.near_ties_against_plain runs on a NONE server: every GPU test's greedy
+verdict)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,8 @@ import math
 import pytest
 import torch
 
-from tests.gpu_sglang.partings import (ALPHA, AnswerWalk, PlainModel, Tally, compare, gaps_pvalue, rate_pvalue,
-                                       walk_answer)
+from tests.gpu_sglang.partings import (ALPHA, STRICT_LIMIT, AnswerWalk, PlainModel, Tally, compare, gaps_pvalue,
+                                       rate_pvalue, strict_walk, walk_answer)
 from tests.gpu_sglang.referee import Parting
 
 VOCAB = 11
@@ -148,3 +151,93 @@ def test_the_tally_summary_reports_rates_per_thousand_tokens():
     t.add(AnswerWalk(500, [parting(0.04)]))
     assert t.summary() == {"tokens": 2000, "partings": 3, "per 1000": 1.5, "real": 1, "real per 1000": 0.5,
                            "gap median": 0.04, "gap max": 0.5}
+
+
+# --- the temperature-0 rule ----------------------------------------------------------------------------------------
+
+def with_ties(answer_len: int, ties: int, real_at: int | None = None, start: int = 2) -> list[int]:
+    """Plain decoding's answer, but taking plain decoding's near-tie second token at the first `ties` positions from
+    `start` where the context's sum is even (one position apart at least), and at `real_at` a token 3.8 below."""
+    have: list[int] = []
+    taken = 0
+    while len(have) < answer_len:
+        top = plain_top(PROMPT + have)
+        best = max(top, key=top.get)
+        pos = len(have)
+        if pos == real_at:
+            have.append((best + 2) % VOCAB)
+        elif taken < ties and pos >= start and sum(PROMPT + have) % 2 == 0 and (not have or pos > start):
+            have.append((best + 1) % VOCAB)
+            taken += 1
+            start = pos + 2
+        else:
+            have.append(best)
+    return have
+
+
+def counting_plain(referee=None) -> tuple[PlainModel, list]:
+    calls: list = []
+
+    def cont(context, n):
+        calls.append(len(context))
+        return continue_greedy(context, n)
+    return PlainModel(plain_top, cont, referee), calls
+
+
+def test_strict_walk_passes_an_identical_answer_and_near_ties_up_to_its_limit():
+    want = continue_greedy(PROMPT, 40)
+    assert strict_walk(PLAIN, PROMPT, want, list(want)) == ([], None)
+    have = with_ties(40, STRICT_LIMIT)
+    records, failure = strict_walk(PLAIN, PROMPT, want, have)
+    assert failure is None and records == [pytest.approx(0.03)] * STRICT_LIMIT
+
+
+def test_strict_walk_fails_past_its_limit_of_near_ties_and_at_the_first_real_difference():
+    want = continue_greedy(PROMPT, 60)
+    records, failure = strict_walk(PLAIN, PROMPT, want, with_ties(60, STRICT_LIMIT + 1))
+    assert failure == f"more than {STRICT_LIMIT} near ties" and len(records) == STRICT_LIMIT + 1
+    have = with_ties(60, 1, real_at=30)
+    plain, calls = counting_plain()
+    records, failure = strict_walk(plain, PROMPT, want, have)
+    assert records[0] == pytest.approx(0.03) and records[1] == pytest.approx(3.8)
+    assert failure.startswith("position 30: token ") and "lies 3.8000 below it" in failure
+    assert len(calls) == 1              # re-anchored after the near tie only: nothing asked past the real difference
+
+
+def test_strict_walk_takes_the_float32_referees_verdict_past_a_bf16_near_tie():
+    want = continue_greedy(PROMPT, 20)
+    have = with_ties(20, 0, real_at=7)
+    cleared = PlainModel(plain_top, continue_greedy, float32_says({len(PROMPT) + 7: have[7]}))
+    records, failure = strict_walk(cleared, PROMPT, want, have)
+    assert failure is None and records[0][0] == "exact" and records[0][1] == pytest.approx(3.8)
+    records, failure = strict_walk(PlainModel(plain_top, continue_greedy, float32_says({})), PROMPT, want, have)
+    assert "the float32 model picks 0" in failure
+
+
+def test_strict_walk_judges_a_plain_answer_that_ends_early_instead_of_failing_on_it():
+    have = continue_greedy(PROMPT, 30)
+    assert strict_walk(PLAIN, PROMPT, have[:20], have) == ([0.0], None)      # was an IndexError before 2026-12-05
+
+
+class NoneServer:
+    """Stands in for a NONE server (bench/sglang_servers.Server: next_top, generate) with the fixed decoder, so that
+    near_ties_against_plain's use of a server is checked as the GPU tests make it."""
+
+    def next_top(self, context, k=5):
+        return plain_top(context)
+
+    def generate(self, context, sampling, **extra):
+        return {"output_ids": continue_greedy(context, sampling["max_new_tokens"])}
+
+
+def test_near_ties_against_plain_on_a_server_gives_the_strict_walks_verdicts():
+    from tests.gpu_sglang.test_ddtree_server import near_ties_against_plain
+    from tests.gpu_sglang.referee import Referee
+
+    want = continue_greedy(PROMPT, 60)
+    for have in (list(want), with_ties(60, 3), with_ties(60, STRICT_LIMIT + 1), with_ties(60, 1, real_at=30)):
+        assert near_ties_against_plain(NoneServer(), PROMPT, want, have) == strict_walk(PLAIN, PROMPT, want, have)
+    have = with_ties(60, 0, real_at=7)
+    exact = Referee(float32_says({len(PROMPT) + 7: have[7]}))
+    records, failure = near_ties_against_plain(NoneServer(), PROMPT, want, have, exact=exact)
+    assert failure is None and records[0][0] == "exact"
