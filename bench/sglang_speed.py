@@ -14,13 +14,15 @@ runs max(24, 8 x load) of them (reused in turn) x --max-new-tokens at temperatur
 a warm-up of `load` short requests; each row is measured twice and the slower pass is the row (both walls kept).
 
 Phase 1: one server per setting, all started together, measured one at a time: NONE, DFLASH and DDTREE at the
---budgets (cap 8), each with and without the overlap scheduler; every server takes 48 running requests with decode
-graphs up to 48.
-Phase 2: the schedule this sweep finds - per load the fixed budget with the most tokens/s, switched at the geometric
-middle between measured loads (found_schedule) - served by DDTREE with SGLANG_DDTREE_SCHEDULE=1, with and without the
-overlap scheduler, measured the same way.
-Beside each scheduled server phase 2 starts again the fixed servers of the budgets it serves ("twins", same overlap
-mode): at each load the twin of that load's budget and the scheduled server are measured in turn (twin, schedule,
+--budgets (cap 8) and the chain (budget 7 cap 1: DFlash's chain through DDTREE's pipeline, equal to SGLang's DFLASH
+token for token on the GPU), each with and without the overlap scheduler; every server takes 48 running requests with
+decode graphs up to 48.
+Phase 2: the schedule this sweep finds - per load the fixed tree (budget, cap) with the most tokens/s, switched at the
+geometric middle between measured loads (found_schedule); where every tree loses to DFLASH the chain can win, so the
+schedule falls back to it there - served by DDTREE with SGLANG_DDTREE_SCHEDULE=1, with and without the overlap
+scheduler, measured the same way.
+Beside each scheduled server phase 2 starts again the fixed servers of the trees it serves ("twins", same overlap
+mode): at each load the twin of that load's tree and the scheduled server are measured in turn (twin, schedule,
 twin, schedule), so that both run the same tree at the same minutes of the machine; the ratio is the schedule's own
 cost (the first run's scheduled server was slower at 1 request than the fixed server of its width, measured
 minutes apart). With --profile (the default) a profiled copy of each (the worker's step profiler) runs at 1 request
@@ -29,7 +31,7 @@ and its stage medians are printed side by side.
 Split into jobs of one device call each (--phase): `fixed` with --modes off, then with --modes on (phase 1, each
 mode's servers; NONE's answers saved for the later jobs), then `schedule` with --rows naming the earlier jobs'
 results.json (phase 2); `all` (the default) runs both phases in one process. --schedule-off / --schedule-on measure
-a given schedule instead of the one found.
+a given schedule instead of the one found (BUDGET or BUDGET/CAP, each a schedule: 1:32,3:16,40:7/1:8,40:1).
 Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load,
 its cost beside its twins), OUT/table.md (tokens/s by load, the schedule beside its twins, the stage profile, the
 issue's targets), OUT/none_outputs.json (NONE's answers by overlap mode and load); prints the tables. The targets (targets()): the best DDTREE
@@ -57,6 +59,7 @@ from ddtree.settings import DDTreeConfigError, Schedule, parse_schedule  # noqa:
 LOADS = (1, 8, 16, 32, 48)
 BUDGETS = (8, 16, 32, 64)
 CAP = 8
+CHAIN = (7, 1)      # budget block - 1, cap 1: DFlash's chain (the sweep's pair has block 8)
 MAX_BS = 48
 OVERLAP = "-overlap"
 SCHEDULE_ENV = (("SGLANG_DDTREE_SCHEDULE", "1"),)
@@ -98,33 +101,81 @@ def parse_modes(text: str) -> tuple[bool, ...]:
     return tuple(dict.fromkeys(MODES[w] for w in words))
 
 
-def fixed_configs(budgets=BUDGETS, modes: tuple[bool, ...] = (False, True)) -> list[servers.ServerConfig]:
-    """Phase 1: NONE, DFLASH and DDTREE at each budget (cap 8), in each overlap mode of `modes`."""
-    bases = ["none", "dflash", *(f"ddtree-b{b}-c{CAP}-graphs" for b in budgets)]
+def fixed_configs(budgets=BUDGETS, modes: tuple[bool, ...] = (False, True),
+                  chain: bool = True) -> list[servers.ServerConfig]:
+    """Phase 1: NONE, DFLASH, DDTREE at each budget (cap 8) and the chain, in each overlap mode of `modes`."""
+    trees = [(b, CAP) for b in budgets] + ([CHAIN] if chain else [])
+    bases = ["none", "dflash", *(f"ddtree-b{b}-c{c}-graphs" for b, c in trees)]
     return [servers.config(f"{b}{OVERLAP if o else ''}-bs48") for b in bases for o in modes]
 
 
-def fixed_name(budget: int, overlap: bool) -> str:
-    return f"ddtree-b{budget}-c{CAP}-graphs{OVERLAP if overlap else ''}-bs48"
+def fixed_name(tree: tuple[int, int], overlap: bool) -> str:
+    return f"ddtree-b{tree[0]}-c{tree[1]}-graphs{OVERLAP if overlap else ''}-bs48"
 
 
-def scheduled_config(schedule: Schedule, overlap: bool) -> servers.ServerConfig:
-    """Phase 2: DDTREE serving `schedule` (budget by running batch size, cap 8)."""
-    base = servers.config(fixed_name(max(schedule.values), overlap))
-    return replace(base, name=f"ddtree-found{OVERLAP if overlap else ''}", budget=str(schedule),
-                   env=base.env + SCHEDULE_ENV)
+@dataclass(frozen=True)
+class TreeSchedule:
+    """The tree by running batch size: a budget schedule and a top-k cap schedule, as a DDTREE server takes them."""
+
+    budget: Schedule
+    cap: Schedule
+
+    def at(self, load: int) -> tuple[int, int]:
+        return self.budget.at(load), self.cap.at(load)
+
+    @property
+    def steps(self) -> list[tuple[int, tuple[int, int]]]:
+        """(from load, tree) where the tree changes."""
+        out: list[tuple[int, tuple[int, int]]] = []
+        for start in sorted({b for b, _ in self.budget.steps} | {b for b, _ in self.cap.steps}):
+            if not out or out[-1][1] != self.at(start):
+                out.append((start, self.at(start)))
+        return out
+
+    @property
+    def trees(self) -> list[tuple[int, int]]:
+        return sorted({tree for _, tree in self.steps})
+
+    def __str__(self) -> str:
+        return str(self.budget) if set(self.cap.values) == {CAP} else f"{self.budget}/{self.cap}"
+
+
+def tree_schedule(steps: list[tuple[int, tuple[int, int]]]) -> TreeSchedule:
+    """(from load, (budget, cap)) steps -> the two schedules, each with equal neighbours merged."""
+    def one(values: list[tuple[int, int]]) -> str:
+        kept = [(start, v) for i, (start, v) in enumerate(values) if i == 0 or values[i - 1][1] != v]
+        return ",".join(f"{start}:{v}" for start, v in kept)
+    return TreeSchedule(parse_schedule(one([(start, t[0]) for start, t in steps]), "found budget schedule"),
+                        parse_schedule(one([(start, t[1]) for start, t in steps]), "found cap schedule"))
+
+
+def parse_tree_schedule(text: str, name: str) -> TreeSchedule:
+    """`BUDGET` (cap 8) or `BUDGET/CAP`, each one value or a schedule; DDTreeConfigError names `name` and the value."""
+    budget, _, cap = text.partition("/")
+    try:
+        return TreeSchedule(parse_schedule(budget, f"{name}'s budget"), parse_schedule(cap or str(CAP), f"{name}'s cap"))
+    except DDTreeConfigError as err:
+        raise DDTreeConfigError(f"{name}={text} is invalid ({err}); expected BUDGET or BUDGET/CAP, each one value or a "
+                                f"schedule, e.g. 1:32,40:7/1:8,40:1") from err
+
+
+def scheduled_config(schedule: TreeSchedule, overlap: bool) -> servers.ServerConfig:
+    """Phase 2: DDTREE serving `schedule` (budget and cap by running batch size)."""
+    base = servers.config(fixed_name(max(schedule.trees), overlap))
+    return replace(base, name=f"ddtree-found{OVERLAP if overlap else ''}", budget=str(schedule.budget),
+                   cap=str(schedule.cap), env=base.env + SCHEDULE_ENV)
 
 
 TWIN = "twin-"      # phase 2's fixed servers: a name of their own, so that a fleet never takes them for phase 1's
 
 
-def twin_configs(schedule: Schedule, overlap: bool) -> list[servers.ServerConfig]:
-    """The fixed server of each budget `schedule` serves (its overlap mode), started beside the scheduled one."""
-    return [replace(servers.config(fixed_name(b, overlap)), name=TWIN + fixed_name(b, overlap))
-            for b in schedule.values]
+def twin_configs(schedule: TreeSchedule, overlap: bool) -> list[servers.ServerConfig]:
+    """The fixed server of each tree `schedule` serves (its overlap mode), started beside the scheduled one."""
+    return [replace(servers.config(fixed_name(t, overlap)), name=TWIN + fixed_name(t, overlap))
+            for t in schedule.trees]
 
 
-def twin_at(schedule: Schedule, load: int, overlap: bool) -> str:
+def twin_at(schedule: TreeSchedule, load: int, overlap: bool) -> str:
     """The twin that runs the same tree as the scheduled server at `load` running requests."""
     return TWIN + fixed_name(schedule.at(load), overlap)
 
@@ -156,6 +207,12 @@ class SpeedRow:
     equal_to_none: str | None       # against NONE (same overlap mode) at this load
     walls: list[float]              # both passes' seconds
     phase: str = "fixed"            # "fixed": phase 1; "schedule": a scheduled server or a twin measured in turn with it
+    cap: int | str | None = None    # DDTREE's top-k cap (a schedule's text); None in rows written before it was kept
+
+
+def tree_of(row: SpeedRow) -> tuple[int, int]:
+    """A fixed DDTREE row's tree (rows written before the cap was kept were all cap 8)."""
+    return row.budget, row.cap if isinstance(row.cap, int) else CAP
 
 
 def in_turn(servers_in_turn: list[servers.Server], prompts: list[list[int]], load: int, max_new_tokens: int,
@@ -177,7 +234,8 @@ def slower_row(server: servers.Server, runs: list[e2e.Measurement], load: int,
     row = SpeedRow(config=server.config.name, algorithm=r.algorithm, budget=server.config.budget,
                    overlap=server.config.overlap, load=load, tokens_per_s=r.tokens_per_s,
                    accept_length=r.accept_length, tokens_per_step=r.tokens_per_step, step_ms=r.step_ms,
-                   equal_to_none=r.equal_to_none, walls=[round(x.wall, 4) for x in runs], phase=phase)
+                   equal_to_none=r.equal_to_none, walls=[round(x.wall, 4) for x in runs], phase=phase,
+                   cap=server.config.cap)
     return row, [a["output_ids"] for a in slow.answers]
 
 
@@ -227,18 +285,14 @@ def best_fixed(rows: list[SpeedRow], load: int, overlap: bool) -> SpeedRow:
     return max(fixed, key=lambda r: r.tokens_per_s)
 
 
-def found_schedule(rows: list[SpeedRow], loads: tuple[int, ...], overlap: bool) -> Schedule:
-    """Per load the fixed budget with the most tokens/s, from that load's switch point on; equal neighbours merged."""
-    steps: list[tuple[int, int]] = []
-    for start, load in zip(switch_points(loads), loads):
-        budget = best_fixed(rows, load, overlap).budget
-        if not steps or steps[-1][1] != budget:
-            steps.append((start, budget))
-    return parse_schedule(",".join(f"{b}:{v}" for b, v in steps), "found schedule")
+def found_schedule(rows: list[SpeedRow], loads: tuple[int, ...], overlap: bool) -> TreeSchedule:
+    """Per load the fixed tree with the most tokens/s, from that load's switch point on; equal neighbours merged."""
+    return tree_schedule([(start, tree_of(best_fixed(rows, load, overlap)))
+                          for start, load in zip(switch_points(loads), loads)])
 
 
 def schedule_wins(rows: list[SpeedRow], scheduled: str, loads: tuple[int, ...], overlap: bool) -> dict[int, bool]:
-    """Per load: the scheduled server at least as fast as every fixed budget of its overlap mode."""
+    """Per load: the scheduled server at least as fast as every fixed tree of its overlap mode."""
     out = {}
     for load in loads:
         mine = [r for r in rows if r.config == scheduled and r.load == load]
@@ -390,11 +444,11 @@ def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], pro
             save_rows(rows, out)
 
 
-def measure_schedule(fleet: servers.Fleet, schedule: Schedule, overlap: bool, prompts: dict[int, list[list[int]]],
+def measure_schedule(fleet: servers.Fleet, schedule: TreeSchedule, overlap: bool, prompts: dict[int, list[list[int]]],
                      loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path, timeout: float,
                      references: dict[str, list[list[int]]], profile: bool) -> list[e2e.ProfileRow]:
     """Phase 2 for one overlap mode: the scheduled server and its twins started together; at each load the twin of
-    that load's budget and the scheduled server measured in turn (twin, schedule, twin, schedule), each its slower
+    that load's tree and the scheduled server measured in turn (twin, schedule, twin, schedule), each its slower
     pass. With `profile`, profiled copies of the scheduled server and of its 1-request twin are driven at 1 request
     afterwards; their stage medians are returned."""
     sched = scheduled_config(schedule, overlap)
@@ -428,14 +482,14 @@ def measure_schedule(fleet: servers.Fleet, schedule: Schedule, overlap: bool, pr
     return found
 
 
-def schedule_report(schedules: dict[bool, Schedule], rows: list[SpeedRow], loads: tuple[int, ...]) -> dict:
+def schedule_report(schedules: dict[bool, TreeSchedule], rows: list[SpeedRow], loads: tuple[int, ...]) -> dict:
     """Per overlap mode: the schedule, the server that serves it, where it won (measured rows only), its cost
     beside its twins."""
     report = {}
     for overlap, schedule in schedules.items():
         name = f"ddtree-found{OVERLAP if overlap else ''}"
         single = len(schedule.steps) == 1
-        if single:       # one width wins everywhere: the schedule is that fixed server
+        if single:       # one tree wins everywhere: the schedule is that fixed server
             name = fixed_name(schedule.steps[0][1], overlap)
         measured = any(r.config == name for r in rows)
         report["overlap" if overlap else "no overlap"] = {
@@ -445,12 +499,12 @@ def schedule_report(schedules: dict[bool, Schedule], rows: list[SpeedRow], loads
     return report
 
 
-def given_schedules(args, modes: tuple[bool, ...]) -> dict[bool, Schedule]:
+def given_schedules(args, modes: tuple[bool, ...]) -> dict[bool, TreeSchedule]:
     """--schedule-off / --schedule-on, parsed (DDTreeConfigError names the flag and the value)."""
     given = {}
     for overlap, text in ((False, args.schedule_off), (True, args.schedule_on)):
         if text and overlap in modes:
-            given[overlap] = parse_schedule(text, f"--schedule-{'on' if overlap else 'off'}")
+            given[overlap] = parse_tree_schedule(text, f"--schedule-{'on' if overlap else 'off'}")
     return given
 
 
@@ -468,9 +522,10 @@ def main(argv=None) -> int:
                     help="fixed: phase 1 only; schedule: phase 2 only, from --rows; all: both (default)")
     ap.add_argument("--modes", default="off,on", help="the overlap scheduler's modes measured: off, on or off,on")
     ap.add_argument("--rows", default="", help="results.json files of earlier --phase fixed jobs, comma-separated")
-    ap.add_argument("--schedule-off", default="", help="measure this schedule without the overlap scheduler")
-    ap.add_argument("--schedule-on", default="", help="measure this schedule with the overlap scheduler")
+    ap.add_argument("--schedule-off", default="", help="measure this BUDGET[/CAP] schedule without the overlap scheduler")
+    ap.add_argument("--schedule-on", default="", help="measure this BUDGET[/CAP] schedule with the overlap scheduler")
     ap.add_argument("--no-profile", action="store_true", help="phase 2 without the profiled servers")
+    ap.add_argument("--no-chain", action="store_true", help="phase 1 without the chain (budget 7 cap 1)")
     args = ap.parse_args(argv)
     loads = tuple(int(x) for x in args.loads.split(","))
     if max(loads) > MAX_BS or min(loads) < 1:
@@ -493,11 +548,12 @@ def main(argv=None) -> int:
     if args.phase in ("all", "fixed"):
         fleet = servers.Fleet(Path(args.pair), out / "logs")
         try:                                       # NONE first: the reference
-            measure_fleet(fleet, fixed_configs(tuple(int(b) for b in args.budgets.split(",")), modes), prompts,
+            measure_fleet(fleet, fixed_configs(tuple(int(b) for b in args.budgets.split(",")), modes,
+                                               not args.no_chain), prompts,
                           loads, args.max_new_tokens, rows, out, args.start_timeout, references)
         finally:
             fleet.stop_all()
-    schedules: dict[bool, Schedule] = {}
+    schedules: dict[bool, TreeSchedule] = {}
     profiles: list[e2e.ProfileRow] = []
     for i, overlap in enumerate(modes):
         try:

@@ -34,20 +34,41 @@ def test_switch_points_sit_between_measured_loads():
 
 
 def fixed_rows(best_by_load: dict[int, int], overlap=False):
+    """Phase-1 rows of the four cap-8 budgets and the chain (budget 7, cap 1) at each load, `best` the fastest."""
     rows = []
     for load, best in best_by_load.items():
-        for b in (8, 16, 32, 64):
-            name = f"ddtree-b{b}-c8-graphs{'-overlap' if overlap else ''}-bs48"
+        for b in (7, 8, 16, 32, 64):
+            c = 1 if b == 7 else 8
+            name = f"ddtree-b{b}-c{c}-graphs{'-overlap' if overlap else ''}-bs48"
             rows.append(row(name, "DDTREE", load, 1000 + (500 if b == best else b), budget=b, overlap=overlap))
+            rows[-1].cap = c
     return rows
 
 
 def test_found_schedule_takes_each_loads_fastest_budget_and_merges_equal_neighbours():
     rows = fixed_rows({1: 64, 8: 32, 16: 32, 32: 8, 48: 8}) + fixed_rows({1: 16, 8: 16, 16: 16, 32: 16, 48: 16}, True)
     found = speed.found_schedule(rows, (1, 8, 16, 32, 48), overlap=False)
-    assert str(found) == "1:64,3:32,23:8"
-    assert found.at(2) == 64 and found.at(20) == 32 and found.at(48) == 8
+    assert str(found) == "1:64,3:32,23:8" and str(found.cap) == "8"
+    assert found.at(2) == (64, 8) and found.at(20) == (32, 8) and found.at(48) == (8, 8)
     assert str(speed.found_schedule(rows, (1, 8, 16, 32, 48), overlap=True)) == "16"
+
+
+def test_where_every_tree_loses_the_schedule_falls_back_to_the_chain_with_its_cap():
+    rows = fixed_rows({1: 32, 8: 32, 16: 7, 32: 7, 48: 64})
+    found = speed.found_schedule(rows, (1, 8, 16, 32, 48), overlap=False)
+    assert str(found) == "1:32,12:7,40:64/1:8,12:1,40:8"
+    assert found.steps == [(1, (32, 8)), (12, (7, 1)), (40, (64, 8))] and found.trees == [(7, 1), (32, 8), (64, 8)]
+    cfg = speed.scheduled_config(found, overlap=False)
+    args = cfg.args(__import__("pathlib").Path("/pair"), 40000)
+    assert args[args.index("--speculative-ddtree-budget") + 1] == "1:32,12:7,40:64"
+    assert args[args.index("--speculative-ddtree-topk-cap") + 1] == "1:8,12:1,40:8"
+    from ddtree.settings import schedule_problems, SERVER_FLAGS
+    assert schedule_problems(found.budget, found.cap, 8, SERVER_FLAGS) == []      # the plugin's rules hold
+    assert speed.twin_at(found, 16, False) == "twin-ddtree-b7-c1-graphs-bs48"
+    old = [r for r in rows]
+    for r in old:
+        r.cap = None                                 # rows written before the cap was kept: every tree cap 8
+    assert speed.found_schedule([r for r in old if r.budget != 7], (1, 8), False).at(1) == (32, 8)
 
 
 def test_found_schedule_names_the_missing_rows():
@@ -63,7 +84,7 @@ def test_the_schedule_wins_only_where_it_is_at_least_the_best_fixed_budget():
 
 
 def test_scheduled_config_serves_the_schedule_with_the_switch_on():
-    cfg = speed.scheduled_config(parse_schedule("1:64,12:16", "s"), overlap=True)
+    cfg = speed.scheduled_config(speed.parse_tree_schedule("1:64,12:16", "s"), overlap=True)
     assert cfg.name == "ddtree-found-overlap" and cfg.overlap and cfg.max_bs == 48
     assert ("SGLANG_DDTREE_SCHEDULE", "1") in cfg.env and ("SGLANG_DDTREE_OVERLAP", "1") in cfg.env
     from pathlib import Path
@@ -99,11 +120,12 @@ def test_modes_parse_and_a_bad_one_is_named():
         speed.parse_modes("of")
     names = [c.name for c in speed.fixed_configs((16, 32), (True,))]
     assert names == ["none-overlap-bs48", "dflash-overlap-bs48", "ddtree-b16-c8-graphs-overlap-bs48",
-                     "ddtree-b32-c8-graphs-overlap-bs48"]
+                     "ddtree-b32-c8-graphs-overlap-bs48", "ddtree-b7-c1-graphs-overlap-bs48"]
+    assert len(speed.fixed_configs((16, 32), (False, True), chain=False)) == 8
 
 
 def test_twins_are_the_fixed_servers_of_the_schedules_budgets_under_names_of_their_own():
-    sched = parse_schedule("1:32,3:16,40:32", "s")
+    sched = speed.parse_tree_schedule("1:32,3:16,40:32", "s")
     twins = speed.twin_configs(sched, overlap=False)
     assert [t.name for t in twins] == ["twin-ddtree-b16-c8-graphs-bs48", "twin-ddtree-b32-c8-graphs-bs48"]
     assert [t.budget for t in twins] == [16, 32] and all(not t.overlap and t.max_bs == 48 for t in twins)
@@ -111,12 +133,16 @@ def test_twins_are_the_fixed_servers_of_the_schedules_budgets_under_names_of_the
     assert speed.twin_at(sched, 1, False) == "twin-ddtree-b32-c8-graphs-bs48"
     assert speed.twin_at(sched, 3, False) == "twin-ddtree-b16-c8-graphs-bs48"
     assert speed.twin_at(sched, 48, False) == "twin-ddtree-b32-c8-graphs-bs48"
-    on = speed.twin_configs(parse_schedule("1:32,3:64", "s"), overlap=True)
+    on = speed.twin_configs(speed.parse_tree_schedule("1:32,3:64", "s"), overlap=True)
     assert [t.name for t in on] == ["twin-ddtree-b32-c8-graphs-overlap-bs48", "twin-ddtree-b64-c8-graphs-overlap-bs48"]
     assert all(("SGLANG_DDTREE_OVERLAP", "1") in t.env for t in on)
     prof = speed.profiled(speed.scheduled_config(sched, overlap=False))
     assert prof.name == "ddtree-found-profile" and prof.budget == "1:32,3:16,40:32"
     assert ("SGLANG_DDTREE_PROFILE_STEPS", "40") in prof.env and ("SGLANG_DDTREE_SCHEDULE", "1") in prof.env
+    given = speed.parse_tree_schedule("1:32,40:7/1:8,40:1", "--schedule-off")
+    assert given.at(1) == (32, 8) and given.at(40) == (7, 1)
+    with pytest.raises(speed.DDTreeConfigError, match=r"--schedule-off=1:32/x is invalid \(--schedule-off's cap=x"):
+        speed.parse_tree_schedule("1:32/x", "--schedule-off")
 
 
 class Recorder:
@@ -138,13 +164,13 @@ def test_passes_are_taken_in_turn_and_each_server_keeps_its_slower_one(monkeypat
     rec = Recorder()
     monkeypatch.setattr(speed.e2e, "measure", rec)
     a = SimpleNamespace(config=speed.servers.config("ddtree-b32-c8-graphs-bs48"))
-    b = SimpleNamespace(config=speed.scheduled_config(parse_schedule("1:32,3:16", "s"), False))
+    b = SimpleNamespace(config=speed.scheduled_config(speed.parse_tree_schedule("1:32,3:16", "s"), False))
     runs = speed.in_turn([a, b], [[1, 2]], 1, 8)
     assert rec.calls == [("ddtree-b32-c8-graphs-bs48", 1), ("ddtree-found", 1)] * 2
     assert [[m.wall for m in r] for r in runs] == [[1.5, 2.5], [2.0, 3.0]]
     row, outputs = speed.slower_row(b, runs[1], 1, None, phase="schedule")
     assert row.walls == [2.0, 3.0] and row.tokens_per_s == round(3 / 3.0, 1) and row.phase == "schedule"
-    assert row.budget == "1:32,3:16" and outputs == [[1, 2, 3]]
+    assert row.budget == "1:32,3:16" and row.cap == "8" and outputs == [[1, 2, 3]]
 
 
 def test_rows_of_earlier_jobs_load_the_first_runs_file_included(tmp_path):
@@ -182,8 +208,8 @@ def test_the_schedule_is_set_against_the_twin_it_ran_in_turn_with_and_found_from
     assert str(speed.found_schedule(rows, (1, 8), False)) == "1:32,3:16"
     table = speed.cost_table(costs)
     assert "| 1 | ddtree-b32-c8-graphs-bs48 | 1600 ([1.0, 1.1]) | 1200 ([1.0, 1.1]) | 0.750 |" in table
-    report = speed.schedule_report({False: parse_schedule("1:32,3:16", "s"),
-                                    True: parse_schedule("1:16,3:32", "s")}, rows, (1, 8))
+    report = speed.schedule_report({False: speed.parse_tree_schedule("1:32,3:16", "s"),
+                                    True: speed.parse_tree_schedule("1:16,3:32", "s")}, rows, (1, 8))
     assert report["no overlap"]["wins at"] == {"1": False, "8": True} and report["no overlap"]["measured"]
     assert report["no overlap"]["schedule / twin"] == {"1": 0.75, "8": round(1510 / 1490, 3)}
     assert report["overlap"] == {"schedule": "1:16,3:32", "server": "ddtree-found-overlap", "one width": False,
