@@ -34,8 +34,8 @@ results.json (phase 2); `all` (the default) runs both phases in one process. --s
 a given schedule instead of the one found (BUDGET or BUDGET/CAP, each a schedule: 1:32,3:16,40:7/1:8,40:1).
 Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load,
 its cost beside its twins), OUT/table.md (tokens/s by load, the schedule beside its twins, the stage profile, the
-issue's targets), OUT/none_outputs.json (NONE's answers by overlap mode and load); prints the tables. The targets (targets()): the best DDTREE
-with the overlap scheduler >= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the
+issue's targets), OUT/tokens_per_s.png (tokens/s by load, per overlap mode), OUT/none_outputs.json (NONE's answers
+by overlap mode and load); prints the tables. The targets (targets()): the best DDTREE with the overlap scheduler >= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the
 production candidate) never below max(NONE, DFLASH) (each its faster overlap mode) at any load; step efficiency
 tokens/s / (accept length x NONE tokens/s) >= 0.7 at 1 request.
 """
@@ -400,6 +400,33 @@ def cost_table(costs: list[ScheduleCost]) -> str:
     return "\n".join(out)
 
 
+def load_plot(rows: list[SpeedRow], loads: tuple[int, ...], path: Path):
+    """tokens/s by running requests, one panel per overlap mode, one line per setting (twins and the profile left out);
+    written to `path` (PNG). Returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, overlap in zip(axes, (False, True)):
+        shown = [r for r in rows if r.overlap == overlap and not r.config.startswith(TWIN)]
+        for name in dict.fromkeys(r.config for r in shown):
+            pts = sorted((r.load, r.tokens_per_s) for r in shown if r.config == name and r.load in loads)
+            style = ":" if name.startswith("none") else "--" if name.startswith("dflash") else "-"
+            ax.plot([x for x, _ in pts], [y for _, y in pts], style, marker="o", label=name.removesuffix("-bs48"))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(loads), [str(x) for x in loads])
+        ax.set_xlabel("running requests")
+        ax.set_title(f"overlap scheduler {'on' if overlap else 'off'}")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("output tokens/s (slower of two passes)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
+
+
 # --- the run ----------------------------------------------------------------------------------------------
 
 PHASES = ("all", "fixed", "schedule")
@@ -581,6 +608,7 @@ def main(argv=None) -> int:
         f"tokens/s (accept length), temperature 0, the slower of two passes\n\n{load_table(rows, loads)}",
         costs, stages, f"schedules: {json.dumps(report)}", target_table(found)) if x) + "\n"
     (out / "table.md").write_text(text)
+    load_plot(rows, loads, out / "tokens_per_s.png")
     print(text)
     return 0
 

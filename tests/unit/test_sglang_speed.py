@@ -257,3 +257,15 @@ def test_the_sweeps_jobs_map_to_phases_and_the_schedule_job_reads_the_fixed_jobs
         "off,on", "--rows", f"{tmp_path}/fixed-off/results.json,{tmp_path}/fixed-on/results.json"]
     r = job_args(tmp_path, "fixed")
     assert r.returncode == 2 and "run fixed is not a job: expected fixed-off, fixed-on, schedule or all" in r.stderr
+
+
+def test_the_plot_draws_each_setting_by_load_per_overlap_mode_without_the_twins(tmp_path):
+    rows = schedule_rows() + [row("none-bs48", "NONE", 1, 600), row("none-bs48", "NONE", 8, 4000),
+                              row("dflash-overlap-bs48", "DFLASH", 1, 700, overlap=True)]
+    fig = speed.load_plot(rows, (1, 8), tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    off, on = fig.axes
+    lines = {ln.get_label(): list(zip(ln.get_xdata(), ln.get_ydata())) for ln in off.get_lines()}
+    assert lines["none"] == [(1, 600), (8, 4000)] and lines["ddtree-found"] == [(1, 1200), (8, 1510)]
+    assert not any(k.startswith("twin-") for k in lines)
+    assert [ln.get_label() for ln in on.get_lines()] == ["dflash-overlap"]
