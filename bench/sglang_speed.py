@@ -35,8 +35,9 @@ a given schedule instead of the one found (BUDGET or BUDGET/CAP, each a schedule
 Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load,
 its cost beside its twins), OUT/table.md (tokens/s by load, the schedule beside its twins, the stage profile, the
 issue's targets), OUT/tokens_per_s.png (tokens/s by load, per overlap mode), OUT/none_outputs.json (NONE's answers
-by overlap mode and load); prints the tables. The targets (targets()): the best DDTREE with the overlap scheduler >= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the
-production candidate) never below max(NONE, DFLASH) (each its faster overlap mode) at any load; step efficiency
+by overlap mode and load); prints the tables. The targets (targets()): the best DDTREE with the overlap scheduler
+>= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the production candidate)
+never below max(NONE, DFLASH) (each its faster overlap mode) at any load; step efficiency
 tokens/s / (accept length x NONE tokens/s) >= 0.7 at 1 request.
 """
 
