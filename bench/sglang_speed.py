@@ -609,7 +609,10 @@ def main(argv=None) -> int:
         f"tokens/s (accept length), temperature 0, the slower of two passes\n\n{load_table(rows, loads)}",
         costs, stages, f"schedules: {json.dumps(report)}", target_table(found)) if x) + "\n"
     (out / "table.md").write_text(text)
-    load_plot(rows, loads, out / "tokens_per_s.png")
+    try:
+        load_plot(rows, loads, out / "tokens_per_s.png")
+    except ImportError as err:             # the GPU test bed's bundles need not carry matplotlib: the table stands
+        print(f"no tokens_per_s.png: {err} (the table and results.json are written)", flush=True)
     print(text)
     return 0
 
