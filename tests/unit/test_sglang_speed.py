@@ -1,11 +1,11 @@
 """bench/sglang_speed.py's decisions, on rows made up here (the GPU run measures the real ones): the mixed prompt
-set, the schedule it finds from the fixed budgets' rows, whether the schedule won, and the issue's targets."""
+set, the schedule it finds from the fixed trees' rows (the chain as its fallback), whether the schedule won, the
+issue's targets, the jobs the sweep is split into, the twins measured in turn, the plot."""
 
 from __future__ import annotations
 
 import pytest
 
-from ddtree.settings import parse_schedule
 from tests.helpers import import_bench
 
 speed = import_bench("sglang_speed")
@@ -62,7 +62,7 @@ def test_where_every_tree_loses_the_schedule_falls_back_to_the_chain_with_its_ca
     args = cfg.args(__import__("pathlib").Path("/pair"), 40000)
     assert args[args.index("--speculative-ddtree-budget") + 1] == "1:32,12:7,40:64"
     assert args[args.index("--speculative-ddtree-topk-cap") + 1] == "1:8,12:1,40:8"
-    from ddtree.settings import schedule_problems, SERVER_FLAGS
+    from ddtree.settings import SERVER_FLAGS, schedule_problems
     assert schedule_problems(found.budget, found.cap, 8, SERVER_FLAGS) == []      # the plugin's rules hold
     assert speed.twin_at(found, 16, False) == "twin-ddtree-b7-c1-graphs-bs48"
     old = [r for r in rows]
