@@ -154,16 +154,22 @@ def parse_tree_schedule(text: str, name: str) -> TreeSchedule:
     """`BUDGET` (cap 8) or `BUDGET/CAP`, each one value or a schedule; DDTreeConfigError names `name` and the value."""
     budget, _, cap = text.partition("/")
     try:
-        return TreeSchedule(parse_schedule(budget, f"{name}'s budget"), parse_schedule(cap or str(CAP), f"{name}'s cap"))
+        return TreeSchedule(parse_schedule(budget, f"{name}'s budget"),
+                            parse_schedule(cap or str(CAP), f"{name}'s cap"))
     except DDTreeConfigError as err:
         raise DDTreeConfigError(f"{name}={text} is invalid ({err}); expected BUDGET or BUDGET/CAP, each one value or a "
                                 f"schedule, e.g. 1:32,40:7/1:8,40:1") from err
 
 
+def found_name(overlap: bool) -> str:
+    """The phase-2 server that serves the found (or given) schedule."""
+    return f"ddtree-found{OVERLAP if overlap else ''}"
+
+
 def scheduled_config(schedule: TreeSchedule, overlap: bool) -> servers.ServerConfig:
     """Phase 2: DDTREE serving `schedule` (budget and cap by running batch size)."""
     base = servers.config(fixed_name(max(schedule.trees), overlap))
-    return replace(base, name=f"ddtree-found{OVERLAP if overlap else ''}", budget=str(schedule.budget),
+    return replace(base, name=found_name(overlap), budget=str(schedule.budget),
                    cap=str(schedule.cap), env=base.env + SCHEDULE_ENV)
 
 
@@ -207,7 +213,7 @@ class SpeedRow:
     step_ms: float | None           # load 1 only
     equal_to_none: str | None       # against NONE (same overlap mode) at this load
     walls: list[float]              # both passes' seconds
-    phase: str = "fixed"            # "fixed": phase 1; "schedule": a scheduled server or a twin measured in turn with it
+    phase: str = "fixed"            # "fixed": phase 1; "schedule": a scheduled server or a twin measured with it
     cap: int | str | None = None    # DDTREE's top-k cap (a schedule's text); None in rows written before it was kept
 
 
@@ -244,6 +250,11 @@ def measure_row(server: servers.Server, prompts: list[list[int]], load: int, max
                 none_outputs: list[list[int]] | None) -> tuple[SpeedRow, list[list[int]]]:
     """The slower of two passes, and its outputs."""
     return slower_row(server, in_turn([server], prompts, load, max_new_tokens)[0], load, none_outputs)
+
+
+def say_row(row: SpeedRow, how: str = "") -> None:
+    print(f"{row.config} load {row.load}{how}: {row.tokens_per_s} tok/s, accept {row.accept_length}, "
+          f"walls {row.walls}, equal to NONE {row.equal_to_none}", flush=True)
 
 
 def rows_from(paths: list[Path]) -> list[SpeedRow]:
@@ -467,8 +478,7 @@ def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], pro
                 references[reference_key(cfg.overlap, load)] = outputs
                 (out / "none_outputs.json").write_text(json.dumps(references))
             rows.append(row)
-            print(f"{row.config} load {load}: {row.tokens_per_s} tok/s, accept {row.accept_length}, "
-                  f"walls {row.walls}, equal to NONE {row.equal_to_none}", flush=True)
+            say_row(row)
             save_rows(rows, out)
 
 
@@ -500,8 +510,7 @@ def measure_schedule(fleet: servers.Fleet, schedule: TreeSchedule, overlap: bool
         for server, mine in zip(pair, runs):
             row, _ = slower_row(server, mine, load, reference, phase="schedule")
             rows.append(row)
-            print(f"{row.config} load {load} (in turn): {row.tokens_per_s} tok/s, accept {row.accept_length}, "
-                  f"walls {row.walls}, equal to NONE {row.equal_to_none}", flush=True)
+            say_row(row, " (in turn)")
         save_rows(rows, out)
     found = []
     for cfg in probes:
@@ -515,7 +524,7 @@ def schedule_report(schedules: dict[bool, TreeSchedule], rows: list[SpeedRow], l
     beside its twins."""
     report = {}
     for overlap, schedule in schedules.items():
-        name = f"ddtree-found{OVERLAP if overlap else ''}"
+        name = found_name(overlap)
         single = len(schedule.steps) == 1
         if single:       # one tree wins everywhere: the schedule is that fixed server
             name = fixed_name(schedule.steps[0][1], overlap)
@@ -550,7 +559,8 @@ def main(argv=None) -> int:
                     help="fixed: phase 1 only; schedule: phase 2 only, from --rows; all: both (default)")
     ap.add_argument("--modes", default="off,on", help="the overlap scheduler's modes measured: off, on or off,on")
     ap.add_argument("--rows", default="", help="results.json files of earlier --phase fixed jobs, comma-separated")
-    ap.add_argument("--schedule-off", default="", help="measure this BUDGET[/CAP] schedule without the overlap scheduler")
+    ap.add_argument("--schedule-off", default="",
+                    help="measure this BUDGET[/CAP] schedule without the overlap scheduler")
     ap.add_argument("--schedule-on", default="", help="measure this BUDGET[/CAP] schedule with the overlap scheduler")
     ap.add_argument("--no-profile", action="store_true", help="phase 2 without the profiled servers")
     ap.add_argument("--no-chain", action="store_true", help="phase 1 without the chain (budget 7 cap 1)")
@@ -589,7 +599,8 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(f"no schedule for overlap {overlap}: {err}", flush=True)
             continue
-        print(f"{'given' if overlap in given else 'found'} schedule (overlap {overlap}): {schedules[overlap]}", flush=True)
+        print(f"{'given' if overlap in given else 'found'} schedule (overlap {overlap}): {schedules[overlap]}",
+              flush=True)
         if args.phase in ("all", "schedule") and len(schedules[overlap].steps) > 1:
             fleet = servers.Fleet(Path(args.pair), out / "logs", base_port=SCHEDULE_PORTS + 100 * i)
             try:
@@ -599,11 +610,12 @@ def main(argv=None) -> int:
                 fleet.stop_all()
     save_rows(rows, out)
     report = schedule_report(schedules, rows, loads)
-    candidate = report.get("overlap", {}).get("server", "ddtree-found-overlap")
+    candidate = report.get("overlap", {}).get("server", found_name(True))
     found = targets(rows, loads, candidate)
     (out / "schedule.json").write_text(json.dumps(report, indent=1))
-    costs = "\n\n".join(f"{name} beside its twins (measured in turn):\n\n{cost_table(schedule_cost(rows, name, loads))}"
-                        for name in ("ddtree-found", "ddtree-found-overlap") if schedule_cost(rows, name, loads))
+    beside = {name: schedule_cost(rows, name, loads) for name in map(found_name, modes)}
+    costs = "\n\n".join(f"{name} beside its twins (measured in turn):\n\n{cost_table(c)}"
+                        for name, c in beside.items() if c)
     stages = f"step profile at 1 request (median ms host / total):\n\n{e2e.profile_table(profiles)}" if profiles else ""
     text = "\n\n".join(x for x in (
         f"tokens/s (accept length), temperature 0, the slower of two passes\n\n{load_table(rows, loads)}",

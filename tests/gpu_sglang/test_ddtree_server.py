@@ -57,7 +57,7 @@ def none_greedy(fleet, prompts) -> list[list[int]]:
     return outputs(ready(fleet, "none").complete_all(prompts, harness.greedy(), 1))
 
 
-def plain_model(plain: harness.Server, exact: Referee | None = None) -> PlainModel:
+def plain_decoding(plain: harness.Server, exact: Referee | None = None) -> PlainModel:
     """What the walks of partings.py ask of plain decoding, from a NONE server (and the float32 referee, if any)."""
     return PlainModel(next_top=plain.next_top,
                       continue_greedy=lambda context, n: plain.generate(context, harness.greedy(n))["output_ids"],
@@ -71,7 +71,7 @@ def near_ties_against_plain(plain: harness.Server, prompt: list[int], want: list
     a passed one re-anchors plain decoding on `have`'s prefix, which must then give `have`'s remaining
     tokens, and so on. Returns the partings met (Parting.record: the bf16 gap of a near tie, else
     (kind, bf16 gap, float32 gap)) and the first real difference (None if none)."""
-    return strict_walk(plain_model(plain, exact), prompt, want, have, limit)
+    return strict_walk(plain_decoding(plain, exact), prompt, want, have, limit)
 
 
 def compare_with_plain(plain: harness.Server, prompts: list[list[int]], want: list[list[int]],

@@ -24,6 +24,7 @@ import pytest
 
 from tests.gpu_sglang.partings import PlainModel, Tally, compare, walk_answer
 from tests.gpu_sglang.test_ddtree_server import exact, is_moe, outputs, ready, reference  # noqa: F401  (fixtures)
+from tests.gpu_sglang.test_ddtree_server import plain_decoding
 from tests.helpers import import_bench
 
 harness = import_bench("sglang_servers")
@@ -56,10 +57,7 @@ def plain_answers(moe_pair, fleet, moe_prompts) -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def plain_model(moe_pair, fleet, exact) -> PlainModel:
-    plain = ready(fleet, "none")
-    return PlainModel(next_top=plain.next_top,
-                      continue_greedy=lambda context, n: plain.generate(context, harness.greedy(n))["output_ids"],
-                      float32_logprobs=exact.logprobs)
+    return plain_decoding(ready(fleet, "none"), exact)
 
 
 def tally(fleet, name: str, plain_model: PlainModel, prompts, want) -> Tally:
