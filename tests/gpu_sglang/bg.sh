@@ -3,10 +3,23 @@
 # its own, which outlives the call while the machine stays warm, and later calls wait for it.
 #   tests/gpu_sglang/bg.sh start CMD...     start CMD in the background and return (log: $BG/log)
 #   tests/gpu_sglang/bg.sh wait SECONDS     wait up to SECONDS; print the log's tail; copy what the job
-#                                           has left in $BG/out so far to $OUT
+#                                           has left in $BG/out so far to $OUT, each file once (a file
+#                                           changed since is sent again), at most MAX_FILES (7) a call
 # CMD sees OUT=$BG/out (run.sh copies its table, results and logs there).
 set -u
 BG=${BG:-/tmp/ddtree-bg}
+send_new() {   # the job's files not yet sent (name, size and time as sent before), at most MAX_FILES a call
+  # (the device returns 8 files a call: one is running.tgz); the rest go with the next wait, oldest first
+  local f key n=0
+  touch "$BG/sent"
+  for f in $(ls -tr "$BG"/out/ 2>/dev/null); do
+    key="$f $(stat -c %s.%Y "$BG/out/$f")"
+    grep -qxF "$key" "$BG/sent" && continue
+    if [ "$n" -ge "${MAX_FILES:-7}" ]; then echo "[bg] $f and later files wait for the next call"; break; fi
+    cp "$BG/out/$f" "$OUT/" && echo "$key" >> "$BG/sent" && n=$((n + 1))
+  done
+}
+
 case ${1:-} in
   start)
     shift
@@ -24,7 +37,7 @@ case ${1:-} in
     # so do the tables of parts still running, in one archive running.tgz (run.sh's OUTDIR and decide.sh's
     # folders under /tmp/ddtree-*: results.md / results.json after each test, node-check.md)
     if [ -n "${OUT:-}" ]; then
-      cp "$BG"/out/* "$OUT"/ 2>/dev/null
+      send_new
       running=$(ls /tmp/ddtree-*/results.md /tmp/ddtree-*/results.json /tmp/ddtree-*/*/results.json /tmp/ddtree-*/node-check.md 2>/dev/null)
       [ -n "$running" ] && tar czf "$OUT/running.tgz" $running 2>/dev/null
     fi

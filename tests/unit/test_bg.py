@@ -1,0 +1,55 @@
+"""tests/gpu_sglang/bg.sh: a GPU job in its own process session, and the waits that bring back what it has written,
+each file once and no more than the device returns in one call (8 files: running.tgz and MAX_FILES more)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BG_SH = ROOT / "tests/gpu_sglang/bg.sh"
+
+
+def bg(tmp: Path, *args: str, out: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BG": str(tmp / "bg")}
+    env.pop("OUT", None)
+    if out is not None:
+        out.mkdir(exist_ok=True)
+        env["OUT"] = str(out)
+    return subprocess.run(["bash", str(BG_SH), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def job_writing(tmp: Path, names: list[str]) -> None:
+    """Start a job that writes `names` into its OUT, oldest first, and wait for it to end."""
+    writes = "; ".join(f'echo {n} > "$OUT/{n}"; touch -d "@{1_700_000_000 + i}" "$OUT/{n}"'
+                       for i, n in enumerate(names))
+    assert bg(tmp, "start", "bash", "-c", writes).returncode == 0
+    r = bg(tmp, "wait", "20")
+    assert r.returncode == 0 and "[bg] ended, rc 0" in r.stdout, r.stdout + r.stderr
+
+
+def test_waits_send_each_file_once_oldest_first_and_at_most_seven_a_call(tmp_path):
+    names = [f"f{i}" for i in range(9)]
+    job_writing(tmp_path, names)
+    first = bg(tmp_path, "wait", "1", out=tmp_path / "out1")
+    assert sorted(p.name for p in (tmp_path / "out1").iterdir()) == names[:7]
+    assert "[bg] f7 and later files wait for the next call" in first.stdout
+    bg(tmp_path, "wait", "1", out=tmp_path / "out2")
+    assert sorted(p.name for p in (tmp_path / "out2").iterdir()) == names[7:]
+    bg(tmp_path, "wait", "1", out=tmp_path / "out3")
+    assert list((tmp_path / "out3").iterdir()) == []
+
+
+def test_a_file_the_job_changed_after_it_was_sent_is_sent_again(tmp_path):
+    job_writing(tmp_path, ["table.md", "logs.tgz"])
+    bg(tmp_path, "wait", "1", out=tmp_path / "out1")
+    (tmp_path / "bg/out/table.md").write_text("a longer table than before\n")
+    bg(tmp_path, "wait", "1", out=tmp_path / "out2")
+    assert [p.name for p in (tmp_path / "out2").iterdir()] == ["table.md"]
+    assert (tmp_path / "out2/table.md").read_text() == "a longer table than before\n"
+
+
+def test_a_wait_on_a_machine_without_the_job_says_so_at_once(tmp_path):
+    r = bg(tmp_path, "wait", "30", out=tmp_path / "out")
+    assert r.returncode == 3 and "no job on this machine" in r.stderr
