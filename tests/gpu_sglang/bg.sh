@@ -4,19 +4,23 @@
 #   tests/gpu_sglang/bg.sh start CMD...     start CMD in the background and return (log: $BG/log)
 #   tests/gpu_sglang/bg.sh wait SECONDS     wait up to SECONDS; print the log's tail; copy what the job
 #                                           has left in $BG/out so far to $OUT, each file once (a file
-#                                           changed since is sent again), at most MAX_FILES (7) a call
+#                                           changed since is sent again), at most 7 files
+#                                           and 48 MiB a call (MAX_FILES, MAX_MIB)
 # CMD sees OUT=$BG/out (run.sh copies its table, results and logs there).
 set -u
 BG=${BG:-/tmp/ddtree-bg}
-send_new() {   # the job's files not yet sent (name, size and time as sent before), at most MAX_FILES a call
-  # (the device returns 8 files a call: one is running.tgz); the rest go with the next wait, oldest first
-  local f key n=0
+send_new() {   # the job's files not yet sent (name, size and time as sent before), oldest first, at most MAX_FILES
+  # (7) and MAX_MIB (48) a call - the device returns 8 files and 64 MiB a call, running.tgz among them; the rest wait
+  local f size key n=0 bytes=0
   touch "$BG/sent"
   for f in $(ls -tr "$BG"/out/ 2>/dev/null); do
-    key="$f $(stat -c %s.%Y "$BG/out/$f")"
+    size=$(stat -c %s "$BG/out/$f")
+    key="$f $size.$(stat -c %Y "$BG/out/$f")"
     grep -qxF "$key" "$BG/sent" && continue
-    if [ "$n" -ge "${MAX_FILES:-7}" ]; then echo "[bg] $f and later files wait for the next call"; break; fi
-    cp "$BG/out/$f" "$OUT/" && echo "$key" >> "$BG/sent" && n=$((n + 1))
+    if [ "$n" -ge "${MAX_FILES:-7}" ] || [ $(( bytes + size )) -gt $(( ${MAX_MIB:-48} * 1048576 )) ]; then
+      echo "[bg] $f and later files wait for the next call"; break
+    fi
+    cp "$BG/out/$f" "$OUT/" && echo "$key" >> "$BG/sent" && n=$((n + 1)) && bytes=$((bytes + size))
   done
 }
 

@@ -53,3 +53,24 @@ def test_a_file_the_job_changed_after_it_was_sent_is_sent_again(tmp_path):
 def test_a_wait_on_a_machine_without_the_job_says_so_at_once(tmp_path):
     r = bg(tmp_path, "wait", "30", out=tmp_path / "out")
     assert r.returncode == 3 and "no job on this machine" in r.stderr
+
+
+def parts_of_15_mib(tmp: Path, names: str) -> None:
+    """A finished job whose OUT holds 15 MiB parts (as carry.sh writes them) named by `names`, oldest first."""
+    job_writing(tmp, list(names))
+    for i, name in enumerate(names):
+        part = tmp / "bg/out" / name
+        part.write_bytes(b"\0" * 15 * 1048576)
+        os.utime(part, (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+def test_a_call_carries_no_more_than_max_mib_and_the_rest_follow(tmp_path):
+    parts_of_15_mib(tmp_path, "abc")
+    bg(tmp_path, "wait", "1", out=tmp_path / "out1")
+    assert sorted(p.name for p in (tmp_path / "out1").iterdir()) == ["a", "b", "c"]          # 45 MiB <= 48
+    parts_of_15_mib(tmp_path, "abcd")
+    r = bg(tmp_path, "wait", "1", out=tmp_path / "out2")
+    assert sorted(p.name for p in (tmp_path / "out2").iterdir()) == ["a", "b", "c"]
+    assert "[bg] d and later files wait for the next call" in r.stdout
+    bg(tmp_path, "wait", "1", out=tmp_path / "out3")
+    assert [p.name for p in (tmp_path / "out3").iterdir()] == ["d"]
