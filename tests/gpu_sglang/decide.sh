@@ -137,10 +137,12 @@ prepare || exit 1
 one() {   # the conftest's single-pair variables, for pair $1
   echo "SGLANG_DDTREE_PAIR=$ROOT/$1/sglang-pair SGLANG_DDTREE_REF=$ROOT/$1/pair/b8 SGLANG_DDTREE_PROMPTS=$ROOT/$1/pair/heldout_prompts.json"
 }
-report() {   # part $1's logs and tables for pairs $2...: summary lines printed, rc set, everything archived
+report() {   # part $1's logs and tables for pairs $2... ($ROOT/PART-PAIR.log, /tmp/ddtree-PART-PAIR/): each failed test
+  # and the summary line printed, the tables shown, rc set, everything archived to $OUT/PART.tgz
   local part=$1; shift
   for s in "$@"; do
     grep -q " failed\| error" "$ROOT/$part-$s.log" && rc=1
+    grep -E "^(FAILED|ERROR) " "$ROOT/$part-$s.log" | cut -c1-300 | sed "s/^/[$part $s] /"    # pytest -rfE: which test, why
     grep -E "passed|failed|skipped" "$ROOT/$part-$s.log" | tail -1 | sed "s/^/[$part $s] /"
     cat "/tmp/ddtree-$part-$s/results.md" 2>/dev/null
   done
@@ -180,14 +182,8 @@ case $PART in
       python3 -m pytest tests/gpu_sglang/test_widths.py tests/gpu_sglang/test_overlap.py -p no:cacheprovider -q -rfE \
       -k "${WIDTHS_K:-test_each_width or test_greedy_equals_none_while or test_overlap_greedy or test_overlap_48 or test_no_host_sync}" \
       > "$ROOT/greedy-widths.log" 2>&1 &
-    wait || rc=1
-    for s in ${GREEDY_SIZES:-kimi-dense kimi-allexp} $([ "${GREEDY_WIDTHS:-1}" = 1 ] && echo widths); do
-      tail -5 "$ROOT/greedy-$s.log"
-      grep -q " failed\| error" "$ROOT/greedy-$s.log" && rc=1
-      grep -E "passed|failed" "$ROOT/greedy-$s.log" | tail -1 | sed "s/^/[greedy $s] /"
-      cat "/tmp/ddtree-greedy-$s/results.md" 2>/dev/null
-    done
-    tar czf "$OUT/greedy.tgz" $(ls -d /tmp/ddtree-greedy-* "$ROOT"/greedy-*.log 2>/dev/null) 2>/dev/null ;;
+    wait
+    report greedy ${GREEDY_SIZES:-kimi-dense kimi-allexp} $([ "${GREEDY_WIDTHS:-1}" = 1 ] && echo widths) ;;
   requests)
     i=0
     names=${REQUEST_START:-$(python3 -c "from tests.gpu_sglang.test_requests import REQUEST_SERVERS as r
