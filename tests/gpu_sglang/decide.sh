@@ -103,6 +103,8 @@ print('plain' if not mla else 'mla-moe' if moe else 'mla')" "$cfg")
 }
 
 prepare() {   # the plugin installed, SIZES' pairs trained (here, or by part "train" started before) and exported
+  # (once per job: the parts a multi-part job runs find it done, and neither install into $SITE at once nor pack again)
+  [ "${DECIDE_PREPARED:-0}" = 1 ] && [ -f "$ROOT/pairs.json" ] && return 0
   python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
   while [ -f "$TRAIN_BG/log" ] && [ ! -f "$TRAIN_BG/rc" ]; do sleep 5; done    # part train in the background
   train
@@ -122,6 +124,7 @@ if [ $# -gt 1 ] || [ "$PART" != "${PART//+/}" ]; then
   # several parts: the pairs once, then the parts one after the other (PARALLEL=1: at once); parts joined by +
   # (nodes+kimipath) run one after the other inside one parallel slot
   prepare || exit 1
+  export DECIDE_PREPARED=1
   rc=0
   in_turn() { local r=0; for p in ${1//+/ }; do "$0" "$p" || r=1; done; return $r; }
   for part in "$@"; do
