@@ -44,7 +44,7 @@ def main() -> int:
     args = ap.parse_args()
     raw = json.loads(args.prompts.read_text())
     prompts = [p[: 1 + 16 + 15 * i] for i, p in enumerate(raw[:16])]
-    fleet = harness.Fleet(args.pair, args.out / "logs", base_port=33000)
+    fleet = harness.Fleet(args.pair, args.out / "logs", base_port=16000)
     try:
         ready = fleet.start(["none", "dflash"], args.timeout)
         none = fleet.get("none")

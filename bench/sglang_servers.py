@@ -80,6 +80,32 @@ class ServerConfig:
 
 
 NCCL_PORT_OFFSET = 50     # a fleet's servers take base + 0, 2, ... 48; their process groups base + 50 ... 98
+# SGLang 0.5.23 picks the ports it is not given from 22000-29999 (get_free_port_below_ephemeral); the kernel hands the
+# ports from ip_local_port_range's low end up to outgoing connections (every health poll, NCCL store and ZMQ socket of
+# 20-30 servers): a listener there finds its port taken now and then (H200 2026-12-05: 7 of 29 servers, ports
+# 42002-43062, "address already in use"). A test bed's servers listen below both.
+SGLANG_OWN_PORTS = range(22000, 30000)
+
+
+def ephemeral_ports() -> range:
+    """The kernel's ephemeral port range on this machine (Linux's default 32768-60999 where it cannot be read)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def check_port(port: int, what: str = "port") -> None:
+    """Refuse a listener port that another process may take first: SGLang's own picks or the ephemeral range."""
+    ephemeral = ephemeral_ports()
+    if port in SGLANG_OWN_PORTS:
+        raise ValueError(f"{what} {port} is in {SGLANG_OWN_PORTS.start}-{SGLANG_OWN_PORTS.stop - 1}, where SGLang "
+                         "picks its own free ports: take a port base below 21900 (or 30000 up to the ephemeral range)")
+    if port in ephemeral or not 1024 <= port < 65536:
+        raise ValueError(f"{what} {port} is in this machine's ephemeral range {ephemeral.start}-{ephemeral.stop - 1} "
+                         "(/proc/sys/net/ipv4/ip_local_port_range), which outgoing connections take at random, or "
+                         "outside 1024-65535: take a port base between 10000 and 21900")
 
 
 def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
@@ -185,6 +211,10 @@ class Server:
     started: float = 0.0
     ready_after: float | None = None
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        check_port(self.port, f"{self.config.name}'s port")
+        check_port(self.port + NCCL_PORT_OFFSET, f"{self.config.name}'s process-group port (its port + {NCCL_PORT_OFFSET})")
 
     @property
     def url(self) -> str:

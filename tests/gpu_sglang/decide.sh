@@ -10,19 +10,19 @@
 #              pairs without routing choices (issue 45: the budget schedule across widths, the overlap scheduler);
 #   part "greedy": the temperature-0 test of test_ddtree_server.py (GREEDY_MATRIX, default budget 8 cap 8, 32 x 4,
 #              32 x 8, 64 x 8 with graphs and 32 x 8 eager; 1 and 8 at once; the chain against DFLASH; the export) on
-#              GREEDY_SIZES (default kimi-dense kimi-allexp), one pytest session per pair at once (ports 31000 + 1000 x
+#              GREEDY_SIZES (default kimi-dense kimi-allexp), one pytest session per pair at once (ports 10000 + 100 x
 #              i), and beside them on the small pair issue 45's schedule servers (test_widths) and the overlap
 #              scheduler's greedy and sync-check tests (test_overlap);
 #              GREEDY_WIDTHS=0 leaves the small pair's servers out;
 #   part "requests": issue 45's request features on REQUEST_SIZES (default small kimi-dense: pairs on which SGLang's
 #              own DFLASH under deterministic inference is expected to equal NONE, so identity is decidable), one
-#              pytest session per pair at once (ports 35000 + 1000 x i): tests/gpu_sglang/test_requests.py
+#              pytest session per pair at once (ports 11000 + 100 x i): tests/gpu_sglang/test_requests.py
 #              (deterministic inference as the control, seeds, penalties and min_new_tokens, custom logit
 #              processors, output logprobs) and test_grammars.py, each pair's controls on servers beside its DDTREE
 #              servers; REQUEST_K selects tests (pytest -k), REQUEST_START the servers started (default: all of both
 #              modules);
 #   part "gates": issue 45's gated features on GATES_SIZES (default kimi-dense kimi-allexp: MLA, identity decidable),
-#              one pytest session per pair at once (ports 47000 + 1000 x i): tests/gpu_sglang/test_widths.py (the
+#              one pytest session per pair at once (ports 12000 + 100 x i): tests/gpu_sglang/test_widths.py (the
 #              budget schedule: each width's graphs, greedy while a batch crosses widths, sampling at two widths) and
 #              test_overlap.py (the overlap scheduler: greedy at 1, 8 and 48 with arrivals, sampling, no host sync);
 #   part "kimipath": tests/gpu_sglang/test_kimi_path.py on KIMIPATH_SIZES (default kimi-dense kimi-allexp: identity
@@ -156,7 +156,7 @@ case $PART in
   nodes)
     first=${SIZES%% *}
     if [ "${WITH_WIDTHS:-0}" = 1 ]; then     # issue 45's schedule servers beside it, on the small pair
-      env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-widths SGLANG_DDTREE_BASE_PORT=34000 \
+      env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-widths SGLANG_DDTREE_BASE_PORT=14000 \
         SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager" python3 -m pytest tests/gpu_sglang/test_widths.py \
         -p no:cacheprovider -q -rfE -k "test_each_width or test_greedy_equals_none_while" > "$ROOT/widths.log" 2>&1 &
     fi
@@ -173,14 +173,14 @@ case $PART in
     for s in ${GREEDY_SIZES:-kimi-dense kimi-allexp}; do
       names=none,dflash,ddtree-b7-c1-graphs,$GREEDY_MATRIX
       env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-greedy-$s" SGLANG_DDTREE_START="$names" \
-        SGLANG_DDTREE_BASE_PORT=$((31000 + 1000 * i)) python3 -m pytest tests/gpu_sglang/test_ddtree_server.py \
+        SGLANG_DDTREE_BASE_PORT=$((10000 + 100 * i)) python3 -m pytest tests/gpu_sglang/test_ddtree_server.py \
         -p no:cacheprovider -q -rfE -k "$(echo "$GREEDY_MATRIX" | sed 's/,/ or /g') or test_chain_setting or test_export or test_graph_runs" \
         > "$ROOT/greedy-$s.log" 2>&1 &
       i=$((i + 1))
     done
     # issue 45: the budget schedule's servers (they died at start-up before) and the overlap scheduler's sync check,
     # on the dense pair beside them
-    [ "${GREEDY_WIDTHS:-1}" = 1 ] && env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-greedy-widths SGLANG_DDTREE_BASE_PORT=34500 \
+    [ "${GREEDY_WIDTHS:-1}" = 1 ] && env $(one small) SGLANG_DDTREE_OUT=/tmp/ddtree-greedy-widths SGLANG_DDTREE_BASE_PORT=14500 \
       SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager,ddtree-b32-c8-graphs-overlap,none-bs48,ddtree-b32-c8-graphs-overlap-synccheck-bs48" \
       python3 -m pytest tests/gpu_sglang/test_widths.py tests/gpu_sglang/test_overlap.py -p no:cacheprovider -q -rfE \
       -k "${WIDTHS_K:-test_each_width or test_greedy_equals_none_while or test_overlap_greedy or test_overlap_48 or test_no_host_sync}" \
@@ -193,7 +193,7 @@ case $PART in
 from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join((*r, *g)))")}
     for s in ${REQUEST_SIZES:-small kimi-dense}; do
       env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-requests-$s" SGLANG_DDTREE_START="$names" \
-        SGLANG_DDTREE_BASE_PORT=$((35000 + 1000 * i)) python3 -m pytest tests/gpu_sglang/test_requests.py \
+        SGLANG_DDTREE_BASE_PORT=$((11000 + 100 * i)) python3 -m pytest tests/gpu_sglang/test_requests.py \
         tests/gpu_sglang/test_grammars.py -p no:cacheprovider -q -rfE ${REQUEST_K:+-k "$REQUEST_K"} \
         > "$ROOT/requests-$s.log" 2>&1 &
       i=$((i + 1))
@@ -203,7 +203,7 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
   gates)      # issue 45 item 2: the budget schedule and the overlap scheduler on the MLA pairs where identity is decidable
     i=0
     for s in ${GATES_SIZES:-kimi-dense kimi-allexp}; do
-      env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-gates-$s" SGLANG_DDTREE_BASE_PORT=$((47000 + 1000 * i)) \
+      env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-gates-$s" SGLANG_DDTREE_BASE_PORT=$((12000 + 100 * i)) \
         SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager,ddtree-b32-c8-graphs-overlap,none-bs48,ddtree-b32-c8-graphs-overlap-synccheck-bs48" \
         python3 -m pytest tests/gpu_sglang/test_widths.py tests/gpu_sglang/test_overlap.py -p no:cacheprovider -q -rfE \
         > "$ROOT/gates-$s.log" 2>&1 &
@@ -214,10 +214,10 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
   kimipath)   # issue 44 item 3 on the pairs that decide identity: the radix cache, the KimiK25 wrapper, INT4 experts
     i=0
     for s in ${KIMIPATH_SIZES:-kimi-dense kimi-allexp}; do
-      names=none,none-radix,ddtree-b32-c8-graphs-radix,none-wrapper,ddtree-b32-c8-graphs-wrapper
+      names=none,ddtree-b32-c8-graphs,none-radix,ddtree-b32-c8-graphs-radix,none-wrapper,ddtree-b32-c8-graphs-wrapper
       [ -e "$ROOT/$s/sglang-pair/target-int4" ] && names=$names,none-int4-moetriton,ddtree-b32-c8-graphs-int4-moetriton
       env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-kimipath-$s" SGLANG_DDTREE_START="$names" \
-        SGLANG_DDTREE_BASE_PORT=$((42000 + 1000 * i)) python3 -m pytest tests/gpu_sglang/test_kimi_path.py \
+        SGLANG_DDTREE_BASE_PORT=$((13000 + 100 * i)) python3 -m pytest tests/gpu_sglang/test_kimi_path.py \
         -p no:cacheprovider -q -rfE -k "not marlin and not flashinfer" > "$ROOT/kimipath-$s.log" 2>&1 &
       i=$((i + 1))
     done
@@ -226,7 +226,7 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
   moe)        # issue 44 item 3: top 2 of 8 experts, DDTREE's partings from NONE against SGLang's DFLASH's; the fault
     s=${MOE_SIZE:-kimi}
     env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-moe-$s" \
-      SGLANG_DDTREE_START=none,dflash,ddtree-b32-c8-graphs,ddtree-b32-c8-graphs-fault SGLANG_DDTREE_BASE_PORT=45000 \
+      SGLANG_DDTREE_START=none,dflash,ddtree-b32-c8-graphs,ddtree-b32-c8-graphs-fault SGLANG_DDTREE_BASE_PORT=15000 \
       python3 -m pytest tests/gpu_sglang/test_moe_partings.py -p no:cacheprovider -q -rfE > "$ROOT/moe-$s.log" 2>&1
     report moe "$s" ;;
   marlin)     # issue 44 item 4: SGLang's Marlin INT4 MoE kernel built once (JIT, nvcc), its cache packed, the INT4 test
@@ -238,7 +238,7 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
     echo "[decide] Marlin warm-up server done after $(( $(date +%s) - t1 )) s: $(tail -1 "$ROOT/marlin-warm.log")"
     carry_pack marlin-jit "$HOME" 45 .cache/sglang .cache/tvm-ffi
     env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-marlin-$s" SGLANG_DDTREE_START=none,none-int4,ddtree-b32-c8-graphs-int4 \
-      SGLANG_DDTREE_BASE_PORT=46000 python3 -m pytest tests/gpu_sglang/test_kimi_path.py -p no:cacheprovider -q -rfE \
+      SGLANG_DDTREE_BASE_PORT=15500 python3 -m pytest tests/gpu_sglang/test_kimi_path.py -p no:cacheprovider -q -rfE \
       -k "int4 and marlin" > "$ROOT/marlin-$s.log" 2>&1
     cp "$ROOT/marlin-warm.log" /tmp/ddtree-marlin-$s/ 2>/dev/null
     report marlin "$s" ;;

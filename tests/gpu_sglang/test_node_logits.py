@@ -80,9 +80,9 @@ def scheduled(server) -> bool:
 @pytest.fixture(scope="session")
 def fleets():
     out = Path(os.environ.get("SGLANG_DDTREE_OUT", "/tmp/sglang-gpu"))
-    # ports of their own (38000 + 100 i; SGLANG_DDTREE_NODE_PORT): decide.sh's greedy part takes 31000 + 1000 i at the
+    # ports of their own (18000 + 100 i; SGLANG_DDTREE_NODE_PORT): decide.sh's greedy part takes 10000 + 100 i at the
     # same time under PARALLEL=1 (H200 2026-12-04: both parts' first fleets on 31000, "address already in use")
-    base = int(os.environ.get("SGLANG_DDTREE_NODE_PORT", "38000"))
+    base = int(os.environ.get("SGLANG_DDTREE_NODE_PORT", "18000"))
     fleets = {name: harness.Fleet(Path(p["pair"]), out / "logs" / name, base_port=base + 100 * i)
               for i, (name, p) in enumerate(sorted(pairs().items()))}
     with ThreadPoolExecutor(max_workers=max(1, len(fleets))) as pool:
