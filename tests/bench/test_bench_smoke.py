@@ -159,7 +159,7 @@ def test_forward_seconds_read_from_sglangs_metrics_leave_out_prefill(monkeypatch
     from tests.helpers import import_bench
 
     servers = import_bench("sglang_servers")
-    server = servers.Server(servers.NONE, 1, Path("/dev/null"))
+    server = servers.Server(servers.NONE, 13000, Path("/dev/null"))      # no server: its metrics are given below
     text = ("# HELP sglang:forward_execution_seconds_total Total time that GPU is busy\n"
             'sglang:forward_execution_seconds_total{category="target_verify",model_name="m"} 1.5\n'
             'sglang:forward_execution_seconds_total{category="extend",model_name="m"} 9.0\n'
