@@ -25,6 +25,8 @@
 #              one pytest session per pair at once (ports 12000 + 100 x i): tests/gpu_sglang/test_widths.py (the
 #              budget schedule: each width's graphs, greedy while a batch crosses widths, sampling at two widths) and
 #              test_overlap.py (the overlap scheduler: greedy at 1, 8 and 48 with arrivals, sampling, no host sync);
+#              GATES_K selects tests (pytest -k), GATES_START the servers started (e.g. GATES_SIZES=kimi-allexp
+#              GATES_K=test_sampling_matches_none_at_two_widths GATES_START=none,ddtree-sched-graphs);
 #   part "kimipath": tests/gpu_sglang/test_kimi_path.py on KIMIPATH_SIZES (default kimi-dense kimi-allexp: identity
 #              decidable) - the radix cache, the KimiK25 wrapper, and on the MoE pair INT4 experts under SGLang's Triton
 #              MoE runner (issue 44 item 3);
@@ -204,9 +206,9 @@ from tests.gpu_sglang.test_grammars import GRAMMAR_SERVERS as g; print(','.join(
     i=0
     for s in ${GATES_SIZES:-kimi-dense kimi-allexp}; do
       env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-gates-$s" SGLANG_DDTREE_BASE_PORT=$((12000 + 100 * i)) \
-        SGLANG_DDTREE_START="none,ddtree-sched-graphs,ddtree-sched-eager,ddtree-b32-c8-graphs-overlap,none-bs48,ddtree-b32-c8-graphs-overlap-synccheck-bs48" \
+        SGLANG_DDTREE_START="${GATES_START:-none,ddtree-sched-graphs,ddtree-sched-eager,ddtree-b32-c8-graphs-overlap,none-bs48,ddtree-b32-c8-graphs-overlap-synccheck-bs48}" \
         python3 -m pytest tests/gpu_sglang/test_widths.py tests/gpu_sglang/test_overlap.py -p no:cacheprovider -q -rfE \
-        > "$ROOT/gates-$s.log" 2>&1 &
+        ${GATES_K:+-k "$GATES_K"} > "$ROOT/gates-$s.log" 2>&1 &
       i=$((i + 1))
     done
     wait
