@@ -99,13 +99,16 @@ def ephemeral_ports() -> range:
 def check_port(port: int, what: str = "port") -> None:
     """Refuse a listener port that another process may take first: SGLang's own picks or the ephemeral range."""
     ephemeral = ephemeral_ports()
+    if not 1024 <= port < 65536:
+        raise ValueError(f"{what} {port} is not a port a test server can listen on (1024-65535 without root's "
+                         "privileged ports): take a port base between 10000 and 21900")
     if port in SGLANG_OWN_PORTS:
         raise ValueError(f"{what} {port} is in {SGLANG_OWN_PORTS.start}-{SGLANG_OWN_PORTS.stop - 1}, where SGLang "
                          "picks its own free ports: take a port base below 21900 (or 30000 up to the ephemeral range)")
-    if port in ephemeral or not 1024 <= port < 65536:
+    if port in ephemeral:
         raise ValueError(f"{what} {port} is in this machine's ephemeral range {ephemeral.start}-{ephemeral.stop - 1} "
-                         "(/proc/sys/net/ipv4/ip_local_port_range), which outgoing connections take at random, or "
-                         "outside 1024-65535: take a port base between 10000 and 21900")
+                         "(/proc/sys/net/ipv4/ip_local_port_range), which outgoing connections take at random: take a "
+                         "port base between 10000 and 21900")
 
 
 def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:

@@ -23,8 +23,14 @@ SIZES_AT_ONCE = 4                                   # decide.sh runs one fleet p
 def test_a_port_in_the_ephemeral_range_is_refused_with_the_range_and_the_fix():
     eph = harness.ephemeral_ports()
     with pytest.raises(ValueError, match=rf"port {eph.start + 10} is in this machine's ephemeral range "
-                                         rf"{eph.start}-{eph.stop - 1} .*take a port base between 10000 and 21900"):
+                                         rf"{eph.start}-{eph.stop - 1} .*at random: take a port base between 10000 and 21900"):
         harness.check_port(eph.start + 10)
+
+
+def test_a_privileged_or_impossible_port_is_refused_as_such():
+    for port in (1, 80, 70000):
+        with pytest.raises(ValueError, match=rf"port {port} is not a port a test server can listen on \(1024-65535"):
+            harness.check_port(port)
 
 
 def test_a_port_sglang_picks_for_itself_is_refused():
