@@ -7,7 +7,8 @@
 #       (0: no limit) is not packed and says so; no PATH present: nothing packed. Prints one line; returns 1 when
 #       nothing was packed.
 #   carry_unpack NAME FROM DIR
-#       FROM/NAME.tgz.part* put together and unpacked into DIR; returns 1 (and says so) when FROM holds none.
+#       FROM/NAME.tgz.part* put together and unpacked into DIR; returns 1 (and says so), unpacking nothing, when FROM
+#       holds none, lacks a part in split's sequence (aa, ab, ...) or the parts do not join into a whole gzip stream.
 
 CARRY_PART=15M
 
@@ -32,11 +33,29 @@ carry_pack() {
   echo "[carry] $name: ${present[*]} packed, $((size / 1024)) KiB in $(ls "$OUT/$name.tgz.part"* | wc -l) parts"
 }
 
+carry_parts_in_order() {   # FROM NAME -> FROM/NAME.tgz.part* one per line; returns 1 (and says which) when a part is missing
+  local from=$1 name=$2 i=0 part expected letters=abcdefghijklmnopqrstuvwxyz
+  for part in "$from/$name.tgz.part"*; do
+    expected=$name.tgz.part${letters:i/26:1}${letters:i%26:1}
+    if [ "$(basename "$part")" != "$expected" ]; then
+      echo "[carry] $from has no $expected (found $(basename "$part") in its place): a part did not arrive; carry it again" >&2
+      return 1
+    fi
+    echo "$part"; i=$((i + 1))
+  done
+}
+
 carry_unpack() {
-  local name=$1 from=$2 dir=$3
+  local name=$1 from=$2 dir=$3 listed parts
   if ! ls "$from/$name.tgz.part"* > /dev/null 2>&1; then
     echo "[carry] $from holds no $name.tgz.part*: nothing unpacked" >&2; return 1
   fi
+  listed=$(carry_parts_in_order "$from" "$name") || return 1
+  mapfile -t parts <<< "$listed"
+  if ! cat "${parts[@]}" | gzip -t 2> /dev/null; then    # a last part missing or cut short: the join is not a whole tarball
+    echo "[carry] $from/$name.tgz.part* do not make a whole tarball (a part is missing or cut short): nothing unpacked; carry them again" >&2
+    return 1
+  fi
   mkdir -p "$dir"
-  cat "$from/$name.tgz.part"* | tar xzf - -C "$dir" && echo "[carry] $name unpacked from $from into $dir"
+  cat "${parts[@]}" | tar xzf - -C "$dir" && echo "[carry] $name unpacked from $from into $dir"
 }

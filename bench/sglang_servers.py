@@ -183,8 +183,8 @@ CHAIN = ddtree(7, 1)
 MATRIX = [ddtree(b, c, g) for g in (True, False) for b in (8, 32, 64) for c in (1, 4, 8)]
 # a budget / cap schedule that changes width three times inside the test bed's 1..8 running requests (issue 32)
 SCHEDULE_BUDGET, SCHEDULE_CAP = "1:64,3:32,5:16,7:8", "1:8,5:4"
-SCHEDULED = [ServerConfig(f"ddtree-sched-{'graphs' if g else 'eager'}", "DDTREE", SCHEDULE_BUDGET, SCHEDULE_CAP, g,
-                          env=(("SGLANG_DDTREE_SCHEDULE", "1"),)) for g in (True, False)]
+SCHEDULED = [ServerConfig(f"ddtree-sched-{'graphs' if g else 'eager'}", "DDTREE", SCHEDULE_BUDGET, SCHEDULE_CAP, g)
+             for g in (True, False)]
 CONFIGS = {c.name: c for c in [NONE, DFLASH, CHAIN, *MATRIX, *SCHEDULED]}
 # started first on a fresh machine: they build the JIT caches the others then reuse
 WARM = ("none", "dflash", "ddtree-b32-c8-graphs", "ddtree-b32-c8-eager", CHAIN.name)

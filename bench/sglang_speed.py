@@ -19,8 +19,7 @@ token for token on the GPU), each with and without the overlap scheduler; every 
 decode graphs up to 48.
 Phase 2: the schedule this sweep finds - per load the fixed tree (budget, cap) with the most tokens/s, switched at the
 geometric middle between measured loads (found_schedule); where every tree loses to DFLASH the chain can win, so the
-schedule falls back to it there - served by DDTREE with SGLANG_DDTREE_SCHEDULE=1, with and without the overlap
-scheduler, measured the same way.
+schedule falls back to it there - served by DDTREE, with and without the overlap scheduler, measured the same way.
 Beside each scheduled server phase 2 starts again the fixed servers of the trees it serves ("twins", same overlap
 mode): at each load the twin of that load's tree and the scheduled server are measured in turn (twin, schedule,
 twin, schedule), so that both run the same tree at the same minutes of the machine; the ratio is the schedule's own
@@ -63,7 +62,6 @@ CAP = 8
 CHAIN = (7, 1)      # budget block - 1, cap 1: DFlash's chain (the sweep's pair has block 8)
 MAX_BS = 48
 OVERLAP = "-overlap"
-SCHEDULE_ENV = (("SGLANG_DDTREE_SCHEDULE", "1"),)
 
 
 # --- prompts ----------------------------------------------------------------------------------------------
@@ -170,7 +168,7 @@ def scheduled_config(schedule: TreeSchedule, overlap: bool) -> servers.ServerCon
     """Phase 2: DDTREE serving `schedule` (budget and cap by running batch size)."""
     base = servers.config(fixed_name(max(schedule.trees), overlap))
     return replace(base, name=found_name(overlap), budget=str(schedule.budget),
-                   cap=str(schedule.cap), env=base.env + SCHEDULE_ENV)
+                   cap=str(schedule.cap))
 
 
 TWIN = "twin-"      # phase 2's fixed servers: a name of their own, so that a fleet never takes them for phase 1's

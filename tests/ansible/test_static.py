@@ -249,9 +249,6 @@ BAD_PREFLIGHT = [
      "from batch size 16: k26_ddtree_topk_cap=16 is invalid: expected an integer 1..k26_ddtree_budget (8)"),
     ({"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "1:32,8:2", "k26_ddtree_topk_cap": 1},
      "from batch size 8: k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4"),
-    ({"k26_server_kind": "sglang", "k26_ddtree_budget": "1:32,8:16", "k26_attention_backend": "triton"},
-     "a schedule by running batch size is taken by ddtree-serve (k26_server_kind: reference); the SGLang plugin takes "
-     'one only with SGLANG_DDTREE_SCHEDULE: "1" in k26_service_env'),
     ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_attention_backend": "fa3"},
      "k26_attention_backend=fa3 cannot verify a DDTree with sglang"),
     ({"k26_api_key": ""}, "k26_api_key is empty: the server would run without authentication"),
@@ -328,24 +325,26 @@ def test_preflight_passes_sglang_with_the_chain(tmp_path, sglang_pair_dir):
 
 
 @pytest.mark.parametrize("switched", [
-    {}, {"k26_overlap_schedule": True, "k26_ddtree_budget": "1:8,4:3", "k26_ddtree_topk_cap": "1:4,4:1",
-         "k26_service_env": {"SGLANG_DDTREE_OVERLAP": "1", "SGLANG_DDTREE_SCHEDULE": "1"}}])
+    {}, {"k26_ddtree_budget": "1:8,4:3", "k26_ddtree_topk_cap": "1:4,4:1"},
+    {"k26_overlap_schedule": True, "k26_ddtree_budget": "1:8,4:3", "k26_ddtree_topk_cap": "1:4,4:1",
+     "k26_service_env": {"SGLANG_DDTREE_OVERLAP": "1"}}])
 def test_preflight_passes_sglang_with_ddtree(tmp_path, sglang_pair_dir, switched):
-    """...and DDTREE under the overlap scheduler and with a width schedule, each with the plugin's own switch in
-    the service's environment (both not yet run on the GPU test bed)."""
+    """...with a width schedule (no switch since its GPU tests passed, issue 45), and under the overlap scheduler
+    with the plugin's switch in the service's environment."""
     r = preflight(tmp_path, sglang_pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE",
                                               "k26_ddtree_budget": 3, "k26_ddtree_topk_cap": 1, **switched})
     assert r.returncode == 0, r.stdout[-3000:]
 
 
 def test_preflight_names_the_plugins_own_switches():
-    from ddtree.sglang.server_env import ENV_OVERLAP, ENV_SCHEDULE
+    from ddtree.sglang.server_env import ENV_OVERLAP
 
     relations = (ROOT / "roles/preflight/tasks/relations.yml").read_text()
-    for name in (ENV_OVERLAP, ENV_SCHEDULE):
-        assert f"get('{name}', '')" in relations, name
-    # the sweep runs preflight's settings checks under each overlap setting; its schedule write reads the switch
-    assert f"get('{ENV_SCHEDULE}', '')" in (ROOT / "playbooks/sweep.yml").read_text()
+    assert f"get('{ENV_OVERLAP}', '')" in relations
+    # the schedule's switch is gone from the plugin: nothing of the deploy or the sweep may still ask for it
+    for path in ("roles/preflight/tasks/relations.yml", "roles/preflight/vars/main.yml", "playbooks/sweep.yml",
+                 "inventory/production/group_vars/k26/ddtree.yml"):
+        assert "SGLANG_DDTREE_SCHEDULE" not in (ROOT / path).read_text(), path
 
 
 def test_preflight_refuses_an_sglang_draft_on_the_targets_last_layer(tmp_path, pair_dir):

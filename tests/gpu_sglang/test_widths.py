@@ -1,7 +1,7 @@
 """A DDTree budget / cap schedule by running batch size inside SGLang 0.5.23 (issue 32, item 3; marker sglang_gpu).
 
 Servers: ddtree-sched-graphs and ddtree-sched-eager (bench/sglang_servers.py SCHEDULED: budget 1:64,3:32,5:16,7:8,
-cap 1:8,5:4, SGLANG_DDTREE_SCHEDULE=1), which change width three times inside the test bed's 1..8 running
+cap 1:8,5:4), which change width three times inside the test bed's 1..8 running
 requests. What is checked, each able to fail:
 - start-up: one attention backend and graph set per narrower width, captured for the batch sizes that use it
   (memory and time logged and recorded), and no eager fallback afterwards;

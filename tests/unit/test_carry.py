@@ -72,3 +72,39 @@ def test_every_gpu_script_carries_through_the_helper():
         text = (ROOT / script).read_text()
         assert ". bench/carry.sh" in text, script
         assert "split -b" not in text, f"{script} splits files itself instead of through bench/carry.sh"
+
+
+def packed_in_three_parts(tmp: Path) -> tuple[Path, bytes]:
+    src, out = tmp / "src", tmp / "out"
+    src.mkdir()
+    out.mkdir()
+    payload = os.urandom(40 * 1024 * 1024)                      # incompressible: parts aa, ab, ac
+    (src / "model.safetensors").write_bytes(payload)
+    assert bash(tmp, f"carry_pack pair {src} 0 model.safetensors", OUT=str(out)).returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["pair.tgz.partaa", "pair.tgz.partab", "pair.tgz.partac"]
+    return out, payload
+
+
+def test_a_middle_part_that_did_not_arrive_is_named_and_nothing_is_unpacked(tmp_path):
+    out, _ = packed_in_three_parts(tmp_path)
+    (out / "pair.tgz.partab").unlink()                           # one of the carrying calls failed
+    dst = tmp_path / "dst"
+    r = bash(tmp_path, f"carry_unpack pair {out} {dst}")
+    assert r.returncode == 1 and "has no pair.tgz.partab (found pair.tgz.partac in its place)" in r.stderr, r.stderr
+    assert not dst.exists()
+
+
+def test_a_last_part_missing_or_cut_short_unpacks_nothing(tmp_path):
+    out, payload = packed_in_three_parts(tmp_path)
+    last = out / "pair.tgz.partac"
+    whole = last.read_bytes()
+    last.write_bytes(whole[: len(whole) // 2])                   # a copy cut short
+    dst = tmp_path / "dst"
+    r = bash(tmp_path, f"carry_unpack pair {out} {dst}")
+    assert r.returncode == 1 and "do not make a whole tarball" in r.stderr and not dst.exists(), r.stderr
+    last.unlink()                                                # the last part never came
+    r = bash(tmp_path, f"carry_unpack pair {out} {dst}")
+    assert r.returncode == 1 and "do not make a whole tarball" in r.stderr and not dst.exists(), r.stderr
+    last.write_bytes(whole)                                      # carried again: whole
+    r = bash(tmp_path, f"carry_unpack pair {out} {dst}")
+    assert r.returncode == 0 and (dst / "model.safetensors").read_bytes() == payload, r.stderr

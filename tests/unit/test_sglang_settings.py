@@ -125,15 +125,18 @@ def test_a_schedule_travels_through_the_environment_and_sizes_for_its_widest_ste
         schedule_from_env({"SGLANG_DDTREE_BUDGET": "8:64"})
 
 
-def test_a_schedule_is_refused_without_its_switch(monkeypatch):
+def test_a_schedule_is_served_without_a_switch_and_checked_at_every_step(monkeypatch):
+    """The schedule's switch went when its GPU tests passed on the three decidable pairs (issue 45); a leftover
+    SGLANG_DDTREE_SCHEDULE in an env file changes nothing."""
     monkeypatch.setenv("SGLANG_DDTREE_BUDGET", "1:64,8:32")
     monkeypatch.setenv("SGLANG_DDTREE_TOPK_CAP", "8")
-    monkeypatch.delenv("SGLANG_DDTREE_SCHEDULE", raising=False)
     widest = DDTreeSettings(64, 8, 8)
-    message = next(refusals(widest, server()))
-    assert "1:64,8:32" in message and "SGLANG_DDTREE_SCHEDULE=1" in message
-    monkeypatch.setenv("SGLANG_DDTREE_SCHEDULE", "1")
-    assert list(refusals(widest, server())) == []
+    for leftover in (None, "0", "1"):
+        if leftover is None:
+            monkeypatch.delenv("SGLANG_DDTREE_SCHEDULE", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_DDTREE_SCHEDULE", leftover)
+        assert list(refusals(widest, server())) == [], leftover
     monkeypatch.setenv("SGLANG_DDTREE_BUDGET", "1:64,8:6")
     monkeypatch.setenv("SGLANG_DDTREE_TOPK_CAP", "1:8,8:4")
     assert next(refusals(widest, server())).startswith("from batch size 8: --speculative-ddtree-budget=6 is invalid")

@@ -83,10 +83,10 @@ def test_the_schedule_wins_only_where_it_is_at_least_the_best_fixed_budget():
     assert speed.schedule_wins(rows, "ddtree-found", (1, 8), overlap=False) == {1: True, 8: False}
 
 
-def test_scheduled_config_serves_the_schedule_with_the_switch_on():
+def test_scheduled_config_serves_the_schedule():
     cfg = speed.scheduled_config(speed.parse_tree_schedule("1:64,12:16", "s"), overlap=True)
     assert cfg.name == "ddtree-found-overlap" and cfg.overlap and cfg.max_bs == 48
-    assert ("SGLANG_DDTREE_SCHEDULE", "1") in cfg.env and ("SGLANG_DDTREE_OVERLAP", "1") in cfg.env
+    assert cfg.env == (("SGLANG_DDTREE_OVERLAP", "1"),)         # a schedule needs no switch of its own
     from pathlib import Path
     args = cfg.args(Path("/pair"), 40000)
     assert args[args.index("--speculative-ddtree-budget") + 1] == "1:64,12:16"
@@ -129,7 +129,7 @@ def test_twins_are_the_fixed_servers_of_the_schedules_budgets_under_names_of_the
     twins = speed.twin_configs(sched, overlap=False)
     assert [t.name for t in twins] == ["twin-ddtree-b16-c8-graphs-bs48", "twin-ddtree-b32-c8-graphs-bs48"]
     assert [t.budget for t in twins] == [16, 32] and all(not t.overlap and t.max_bs == 48 for t in twins)
-    assert ("SGLANG_DDTREE_SCHEDULE", "1") not in twins[0].env            # a fixed server: no schedule switch
+    assert [t.cap for t in twins] == [8, 8]
     assert speed.twin_at(sched, 1, False) == "twin-ddtree-b32-c8-graphs-bs48"
     assert speed.twin_at(sched, 3, False) == "twin-ddtree-b16-c8-graphs-bs48"
     assert speed.twin_at(sched, 48, False) == "twin-ddtree-b32-c8-graphs-bs48"
@@ -138,7 +138,7 @@ def test_twins_are_the_fixed_servers_of_the_schedules_budgets_under_names_of_the
     assert all(("SGLANG_DDTREE_OVERLAP", "1") in t.env for t in on)
     prof = speed.profiled(speed.scheduled_config(sched, overlap=False))
     assert prof.name == "ddtree-found-profile" and prof.budget == "1:32,3:16,40:32"
-    assert ("SGLANG_DDTREE_PROFILE_STEPS", "40") in prof.env and ("SGLANG_DDTREE_SCHEDULE", "1") in prof.env
+    assert prof.env == (("SGLANG_DDTREE_PROFILE_STEPS", "40"),)
     given = speed.parse_tree_schedule("1:32,40:7/1:8,40:1", "--schedule-off")
     assert given.at(1) == (32, 8) and given.at(40) == (7, 1)
     with pytest.raises(speed.DDTreeConfigError, match=r"--schedule-off=1:32/x is invalid \(--schedule-off's cap=x"):

@@ -45,7 +45,7 @@ def test_each_kind_reads_its_values():
 
 
 @pytest.mark.parametrize("name,value,expects", [
-    ("SGLANG_DDTREE_SCHEDULE", "maybe", "1 or 0"),
+    ("SGLANG_DDTREE_OVERLAP", "maybe", "1 or 0"),
     ("SGLANG_DDTREE_SYNC_CHECK", "loud", "one of warn, error"),
     ("SGLANG_DDTREE_PROFILE_STEPS", "-3", "a whole number of steps"),
     ("SGLANG_DDTREE_DUMP_STEPS", "0", "a whole number >= 1"),

@@ -14,8 +14,8 @@ from ddtree.sglang import graph_check, keys, penalty_state
 from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
 from ddtree.sglang.refusals import validate
-from ddtree.sglang.server_env import (ENV_SCHEDULE, block_to_env, draft_block_size, from_env, overlap_allowed,
-                                      resolved_block, schedule_from_env, schedule_to_env)
+from ddtree.sglang.server_env import (block_to_env, draft_block_size, from_env, overlap_allowed, resolved_block,
+                                      schedule_from_env, schedule_to_env)
 
 log = logging.getLogger(__name__)
 ALGORITHM = "DDTREE"
@@ -34,7 +34,7 @@ def add_ddtree_cli_args(result, *args, **kwargs):
     group.add_argument("--speculative-ddtree-budget", type=str, default=str(DEFAULT_BUDGET),
                        help=f"draft-tree nodes verified per step (1..{MAX_BUDGET}); budget = block size - 1 with "
                             "top-k cap 1 is the DFlash chain; or a schedule by running batch size, e.g. "
-                            f"1:64,8:32,32:8 (with {ENV_SCHEDULE}=1 until verified)")
+                            "1:64,8:32,32:8")
     group.add_argument("--speculative-ddtree-topk-cap", type=str, default=str(DEFAULT_TOPK_CAP),
                        help="candidate tokens per depth (1..budget); or a schedule by running batch size")
     return result

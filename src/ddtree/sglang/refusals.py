@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddtree.settings import SERVER_FLAGS, DDTreeConfigError, DDTreeSettings
-from ddtree.sglang import switches
-from ddtree.sglang.server_env import ENV_OVERLAP, ENV_SCHEDULE, overlap_allowed, schedule_from_env
+from ddtree.sglang.server_env import ENV_OVERLAP, overlap_allowed, schedule_from_env
 
 # attention backends whose target-verify path takes an arbitrary (tree) custom mask in 0.5.23
 MASK_BACKENDS = ("triton", "flashinfer")
@@ -29,15 +28,6 @@ def _ddtree_shape(s: DDTreeSettings, a) -> str | None:
     schedule = schedule_from_env()
     problems = schedule.problems(s.block_size) if schedule.stepped else s.problems(SERVER_FLAGS)
     return problems[0] if problems else None
-
-
-def _schedule_switch(s, a) -> str | None:
-    schedule = schedule_from_env()
-    if schedule.stepped and not switches.read().schedule:
-        return (f"a DDTree {schedule} by running batch size is not yet verified inside SGLang (the GPU test bed has "
-                f"not run it): give --speculative-ddtree-budget and --speculative-ddtree-topk-cap one value each, "
-                f"or set {ENV_SCHEDULE}=1 to run it anyway")
-    return None
 
 
 def _page_size(s, a) -> str | None:
@@ -137,7 +127,7 @@ _eagle_shape = _flags((("--speculative-num-steps", "speculative_num_steps"),
 
 
 CHECKS: tuple[Callable, ...] = (
-    _ddtree_shape, _schedule_switch, _num_draft_tokens, _eagle_shape, _page_size, _overlap, _attention,
+    _ddtree_shape, _num_draft_tokens, _eagle_shape, _page_size, _overlap, _attention,
     _above_one("--pp-size", "pp_size", "pipeline stages would need the tree relayed between them"),
     _above_one("--attn-dp-size", "attn_dp_size", "data-parallel attention runs idle ranks the tree path does not"),
     _flag_off("--enable-dp-attention", "enable_dp_attention", "data-parallel attention"),

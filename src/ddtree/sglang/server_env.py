@@ -27,9 +27,9 @@ from ddtree.sglang.width_schedule import WidthSchedule
 
 # the variables' names (declared with their kinds and meanings in ddtree.sglang.switches)
 ENV_BUDGET, ENV_TOPK_CAP, ENV_BLOCK_SIZE = (switches.NAME[f] for f in ("budget", "topk_cap", "block_size"))
-# the overlap scheduler for DDTREE (issue 35) and a budget / cap schedule by running batch size (issue 32): each
-# allowed only with its switch set until the GPU test bed has shown DDTREE lossless under it
-ENV_OVERLAP, ENV_SCHEDULE = switches.NAME["overlap"], switches.NAME["schedule"]
+# the overlap scheduler for DDTREE (issue 35): allowed only with its switch set until the GPU test bed has shown
+# every request feature lossless under it
+ENV_OVERLAP = switches.NAME["overlap"]
 
 
 def overlap_allowed(env=None) -> bool:

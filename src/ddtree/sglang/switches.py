@@ -109,9 +109,8 @@ SWITCHES: tuple[Switch, ...] = (
            "--speculative-ddtree-topk-cap as given; the plugin writes it"),
     Switch("SGLANG_DDTREE_BLOCK_SIZE", "block_size", "text", "",
            "the draft's block size, resolved at start-up; the plugin writes it"),
-    # features served only when switched on, until the GPU test bed has shown each equal to NONE
-    Switch("SGLANG_DDTREE_SCHEDULE", "schedule", "flag", "0",
-           "a budget / cap schedule by running batch size is served (refused at start-up otherwise)"),
+    # a feature served only when switched on, until the GPU test bed has shown it equal to NONE (the budget
+    # schedule's own switch went when its tests passed on the three decidable pairs: issue 45)
     Switch("SGLANG_DDTREE_OVERLAP", "overlap", "flag", "0",
            "DDTREE runs under SGLang's overlap scheduler (start-up asks --disable-overlap-schedule otherwise)"),
     # checks an operator may run on any host
@@ -144,7 +143,6 @@ class Switches:
     budget: str = ""
     topk_cap: str = ""
     block_size: str = ""
-    schedule: bool = False
     overlap: bool = False
     graph_check: bool = True
     sync_check: str | None = None
