@@ -10,6 +10,8 @@ DDTREE server start with it), -synccheck runs each DDTREE step under torch's CUD
 - temperature 0.7: the 4th token's distribution matches NONE's (two-sample chi-square), its control rejected;
 - no host synchronisation inside the step from this project's code (the sync check's log lines name every
   call site; SGLang's own sites are recorded, not judged);
+- penalties, min_new_tokens and custom logit processors (which read the answer so far on the host, a step late
+  under the overlap loop) get HTTP 400 naming the field, and the server serves on;
 - SGLang's deprecation warning for plugin workers without overlap support is gone from the log.
 """
 
@@ -94,6 +96,26 @@ def test_overlap_sampling_distribution_matches_none(fleet, prompts, record_prope
     record_property("p (overlap DDTREE 0.7 vs NONE 0.7)", f"{p_same:.3g}")
     record_property("p control (1.0 vs 0.7)", f"{p_control:.3g}")
     assert p_same > 1e-3 and p_control < 1e-3
+
+
+# requests that read the answer so far on the host: refused under the overlap scheduler (ddtree.sglang.requests)
+REFUSED_UNDER_OVERLAP = (("frequency_penalty", {"frequency_penalty": 0.5}, {}),
+                         ("min_new_tokens", {"min_new_tokens": 4}, {}),
+                         ("custom_logit_processor", {}, {"custom_logit_processor": '{"callable": "x"}'}))
+
+
+@pytest.mark.parametrize("field,params,extra", REFUSED_UNDER_OVERLAP, ids=[r[0] for r in REFUSED_UNDER_OVERLAP])
+def test_requests_that_read_the_answer_are_refused_under_overlap_and_the_server_serves_on(
+        fleet, prompts, field, params, extra, record_property):
+    """Each gets HTTP 400 naming the field and the fix from the overlap server, which then answers a plain
+    request as before: the refusal comes from the plugin's request hook, before SGLang's own checks."""
+    server = ready(fleet, OVERLAP)
+    refused = server.generate(prompts[0], {**harness.greedy(8), **params}, **extra)
+    record_property("answer", {k: str(v)[:200] for k, v in refused.items() if k in ("http_status", "error")})
+    assert refused.get("http_status") == 400, refused
+    assert field in refused["error"] and "--disable-overlap-schedule" in refused["error"], refused["error"][:400]
+    plain = server.generate(prompts[0], harness.greedy(8))
+    assert len(plain.get("output_ids", [])) == 8, plain
 
 
 def test_no_host_sync_in_the_step_and_no_deprecation_warning(fleet, record_property):

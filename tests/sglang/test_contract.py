@@ -420,7 +420,8 @@ def test_the_request_hook_is_applied_and_refuses_with_the_field(tmp_path):
               "for obj in (GenerateReqInput(input_ids=[1, 2], sampling_params={'temperature': 0.7, 'sampling_seed': 3}),\n"
               "            GenerateReqInput(input_ids=[1, 2], sampling_params={'frequency_penalty': 0.5}),\n"
               "            GenerateReqInput(input_ids=[1, 2], return_hidden_states=True),\n"
-              "            GenerateReqInput(input_ids=[1, 2], return_logprob=True, top_logprobs_num=2)):\n"
+              "            GenerateReqInput(input_ids=[1, 2], return_logprob=True, top_logprobs_num=2),\n"
+              "            GenerateReqInput(input_ids=[1, 2], custom_logit_processor='{\"callable\": \"x\"}')):\n"
               "    try:\n"
               "        TM._validate_one_request(ddtree, obj, [1, 2])\n"
               "    except Exception as e:\n"    # the plugin's refusal, or SGLang's own validation on the stand-in
@@ -431,10 +432,32 @@ def test_the_request_hook_is_applied_and_refuses_with_the_field(tmp_path):
               "except Exception as e:\n"    # SGLang's own validation runs (and fails on the stand-in manager)
               "    print('refused by the plugin' if 'DDTREE' in str(e) else 'reached SGLang')\n")
     assert r.returncode == 0, r.stderr[-2000:]
-    # a seed without deterministic inference, a penalty under the overlap scheduler, hidden states: refused, naming the
-    # field; logprobs: passed on to SGLang's own validation, as the same request to DFLASH is
-    assert r.stdout.split("\n")[:5] == ["sampling_params.sampling_seed=3", "sampling_params.frequency_penalty=0.5",
-                                        "return_hidden_states=True", "reached SGLang", "reached SGLang"]
+    # a seed without deterministic inference, a penalty and a custom logit processor under the overlap scheduler,
+    # hidden states: refused, naming the field; logprobs: passed on to SGLang's own validation, as the same request
+    # to DFLASH is
+    assert r.stdout.split("\n")[:6] == ["sampling_params.sampling_seed=3", "sampling_params.frequency_penalty=0.5",
+                                        "return_hidden_states=True", "reached SGLang", "custom_logit_processor",
+                                        "reached SGLang"]
+
+
+def test_sglang_synchronises_a_ddtree_grammar_batch_under_the_overlap_scheduler():
+    """Grammars stay served under the overlap scheduler because SGLang 0.5.23 runs a grammar batch of an algorithm
+    that does not advance the grammar inside its own verify synchronously (the previous step's tokens reach the
+    grammar before DDTREE builds its tree): DDTREE registers without grammar overlap, unlike SGLang's DFLASH, whose
+    worker takes the scheduler's grammar barrier."""
+    script = ("from ddtree.sglang import plugin; plugin.register()\n"
+              "from types import SimpleNamespace as NS\n"
+              "from sglang.srt.managers.schedule_batch import ScheduleBatch\n"
+              "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm\n"
+              "for name in ('DDTREE', 'DFLASH'):\n"
+              "    algo = SpeculativeAlgorithm.from_string(name)\n"
+              "    print(name, algo.supports_grammar_overlap(),\n"
+              "          ScheduleBatch.grammar_needs_sync(NS(has_grammar=True, spec_algorithm=algo)),\n"
+              "          ScheduleBatch.grammar_needs_sync(NS(has_grammar=False, spec_algorithm=algo)))\n")
+    env = {**os.environ, "SGLANG_DDTREE_OVERLAP": "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-2:] == ["DDTREE False True False", "DFLASH True False False"]
 
 
 def test_the_commit_plan_of_a_chain_matches_dflash_accept_in_sglang():

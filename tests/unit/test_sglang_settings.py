@@ -284,3 +284,21 @@ def test_a_draft_reading_the_last_target_layer_is_refused_before_anything_is_wri
         export_pair(pair, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert draft_config(tiny_pair().draft.config, pair.target.config, "bfloat16")["block_size"] == 4
+
+
+def test_custom_logit_processors_are_refused_under_the_overlap_scheduler_only():
+    """A processor reads the answer so far, which SGLang's overlap loop brings up to date only after the next
+    speculative step (ddtree.sglang.requests' docstring): refused there, served on every other DDTREE server."""
+    overlap = ServedFeatures(overlap=True)
+    for field in ("p", ["p"], [None, "p"]):                  # one prompt, or SGLang's per-prompt list
+        message = request_refusal(None, NS(custom_logit_processor=field), overlap)
+        assert message.startswith("custom_logit_processor is not supported by this DDTREE server under the overlap "
+                                  "scheduler") and "--disable-overlap-schedule" in message, field
+        assert request_refusal(None, NS(custom_logit_processor=field), ServedFeatures()) is None
+    for none in (None, [None, None], "", []):                 # no processor in the request
+        assert request_refusal(None, NS(custom_logit_processor=none), overlap) is None
+    # the features that stay served under it: grammars, logprobs, logit bias, seeds under deterministic inference
+    asks = NS(return_logprob=True, top_logprobs_num=3, custom_logit_processor=None)
+    served = ServedFeatures(overlap=True, deterministic=True)
+    assert request_refusal({"json_schema": "{}", "logit_bias": {"5": 1.0}, "temperature": 0.7, "sampling_seed": 3},
+                           asks, served) is None

@@ -12,7 +12,14 @@ seeded sampler draws, ddtree.sglang.seeded) and refused without it (SGLang itsel
 there; DDTREE would sample from the server's generator). Grammars and custom logit processors are served on every
 DDTREE server, and so are penalties, min_new_tokens and output logprobs (their switches were removed once the H200 test
 bed showed each equal to NONE on pairs where that is decidable: grammars and processors 2026-12-03, penalties and
-logprobs 2026-12-04; docs/benchmarks.md). Penalties stay refused under the overlap scheduler.
+logprobs 2026-12-04; docs/benchmarks.md). Under the overlap scheduler penalties, min_new_tokens and custom logit
+processors stay refused: each reads the request's answer so far on the host, and SGLang 0.5.23's overlap loop
+(Scheduler.event_loop_overlap) runs a step (run_batch, where DDTREE verifies and samples) before it appends the
+previous step's tokens to the request (process_batch_result). Grammars are not affected: SGLang synchronises a
+grammar batch of an algorithm that does not advance the grammar itself (ScheduleBatch.grammar_needs_sync, DDTREE's
+case), and delays NONE's grammar sampling past the append (TpModelWorker's delay_sample_func). A processor or a
+penalty gets no such wait: every tree node would see the answer without the previous step's accepted tokens (up to
+budget + 1 of them; SGLang's own NONE under the overlap scheduler is itself one token late there).
 """
 
 from __future__ import annotations
@@ -36,9 +43,8 @@ class ServedFeatures:
     """What one DDTREE server serves beyond plain sampling, fixed at its start.
 
     deterministic: --enable-deterministic-inference (seeds at temperature > 0 are honoured);
-    overlap: the server runs the overlap scheduler, under which penalties and min_new_tokens stay refused (the worker
-    feeds SGLang's penalizers itself; SGLang's overlap path feeds them a step late from the scheduler, untested with
-    the worker's feeding).
+    overlap: the server runs the overlap scheduler, under which penalties, min_new_tokens and custom logit processors
+    stay refused (they read the request's answer, which the overlap loop updates a step late: the module's docstring).
     """
 
     deterministic: bool = False
@@ -63,7 +69,7 @@ def request_refusal(sampling_params: Mapping | None, request: object, served: Se
     """
     params = sampling_params or {}
     return (_request_field_refusal(request, served) or _seed_refusal(params, served)
-            or _penalty_refusal(params, served))
+            or _penalty_refusal(params, served) or _processor_refusal(request, served))
 
 
 def _request_field_refusal(request: object, served: ServedFeatures) -> str | None:
@@ -93,3 +99,18 @@ def _penalty_refusal(params: Mapping, served: ServedFeatures) -> str | None:
                     f"scheduler (only {neutral} is); {FIX}, or to a DDTREE server started with "
                     "--disable-overlap-schedule")
     return None
+
+
+def _processor_refusal(request: object, served: ServedFeatures) -> str | None:
+    """A custom logit processor under the overlap scheduler (the module's docstring says why). SGLang normalises
+    the field to one entry per prompt, None where a prompt has none."""
+    if not served.overlap:
+        return None
+    processor = getattr(request, "custom_logit_processor", None)
+    entries = processor if isinstance(processor, list) else [processor]
+    if not any(entry for entry in entries):
+        return None
+    return ("custom_logit_processor is not supported by this DDTREE server under the overlap scheduler (a processor "
+            "reads the answer so far, which SGLang brings up to date only after the next speculative step has run, "
+            f"so every tree node would see it a step late); {FIX}, or to a DDTREE server started with "
+            "--disable-overlap-schedule")
