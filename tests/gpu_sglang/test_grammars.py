@@ -3,7 +3,8 @@
 Servers (bench/sglang_servers.py, suffix -grammar: the server tokenizes, so SGLang builds its xgrammar backend;
 JSON white space at most 2 in a row; DDTREE's constrained trees served): NONE, DFLASH and DDTREE b32 c8 with
 CUDA graphs. What is checked, each able to fail:
-- 80 requests (20 JSON schema, 20 regex, 20 EBNF, 20 structural tag) at temperature 0, one at a time and 8 at once: every DDTREE
+- 80 requests (20 JSON schema, 20 regex, 20 EBNF, 20 structural tag) at temperature 0, one at a time and 8 at once, on
+  DDTREE without and with the overlap scheduler: every DDTREE
   answer is a complete sentence of its grammar (replayed through SGLang's own xgrammar matcher with the pair's
   tokenizer: every token accepted, the matcher terminated), and equal to NONE's constrained answer or parted
   from it only at a near tie of NONE's own constrained top-2 (its logprobs come after the grammar's mask);
@@ -29,7 +30,11 @@ harness = import_bench("sglang_servers")
 pytestmark = pytest.mark.sglang_gpu
 
 NONE, DFLASH, DDTREE = "none-grammar", "dflash-grammar", "ddtree-b32-c8-graphs-grammar"
-GRAMMAR_SERVERS = (NONE, DFLASH, DDTREE)
+# DDTREE under the overlap scheduler: SGLang runs its grammar batches synchronously (DDTREE does not advance the
+# grammar inside verify), so its constrained answers must be NONE's too (-k overlap selects these)
+DDTREE_OVERLAP = "ddtree-b32-c8-graphs-grammar-overlap"
+TREES = {"plain": DDTREE, "overlap": DDTREE_OVERLAP}
+GRAMMAR_SERVERS = (NONE, DFLASH, DDTREE, DDTREE_OVERLAP)
 MAX_NEW = 160
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 130},
@@ -97,9 +102,11 @@ def grammar_prompts(prompts: list[list[int]]) -> list[list[int]]:
     return prompts + [p[: max(2, len(p) // 3)] for p in prompts[:4]]
 
 
+@pytest.mark.parametrize("scheduler", sorted(TREES))
 @pytest.mark.parametrize("kind", sorted(GRAMMARS))
-def test_constrained_answers_are_sentences_and_nones(fleet, kind, prompts, matcher_backend, record_property):
-    plain, tree = ready(fleet, NONE), ready(fleet, DDTREE)
+def test_constrained_answers_are_sentences_and_nones(fleet, kind, scheduler, prompts, matcher_backend,
+                                                     record_property):
+    plain, tree = ready(fleet, NONE), ready(fleet, TREES[scheduler])
     group = grammar_prompts(prompts)
     want = outputs(plain.complete_all(group, constrained(kind), 1))
     assert all(in_language(matcher_backend, kind, w) for w in want), "NONE's own answers are not sentences"
@@ -120,11 +127,12 @@ def test_constrained_answers_are_sentences_and_nones(fleet, kind, prompts, match
     assert not wrong, wrong[:5]
 
 
-def test_a_batch_mixing_grammars_and_free_requests(fleet, prompts, matcher_backend, record_property):
+@pytest.mark.parametrize("scheduler", sorted(TREES))
+def test_a_batch_mixing_grammars_and_free_requests(fleet, prompts, scheduler, matcher_backend, record_property):
     """16 requests 8 at a time, each grammar and none in turn: the constrained rows of a step are rebuilt on
     the host while the free rows keep the device's tree - each answer NONE's (parted only at a near tie), the
     constrained ones sentences of their grammars."""
-    plain, tree = ready(fleet, NONE), ready(fleet, DDTREE)
+    plain, tree = ready(fleet, NONE), ready(fleet, TREES[scheduler])
     kinds = [*sorted(GRAMMARS), None]
     asks = [(p, kinds[i % len(kinds)]) for i, p in enumerate(prompts)]
 

@@ -36,7 +36,12 @@ PENALISED = LOGPROBS = DETERMINISTIC[2]
 # the servers this module's tests ask for
 # the deliberate fault: DDTREE with every node penalised by the step start's counts (SGLANG_DDTREE_FAULT=stale-penalties)
 STALE_PENALTIES = "ddtree-b32-c8-graphs-det-tok-stalepen"
-REQUEST_SERVERS = (*DETERMINISTIC, "ddtree-b32-c8-graphs", STALE_PENALTIES)
+# the features a DDTREE server serves under the overlap scheduler that read nothing of the answer on the host (seeds
+# and output logprobs, computed on the device): the same tests against the same NONE, on DDTREE under it
+# (-k overlap selects them; penalties, min_new_tokens and processors are refused there, test_overlap.py)
+OVERLAP_DET = "ddtree-b32-c8-graphs-det-overlap-tok"
+TREES = {"plain": DETERMINISTIC[2], "overlap": OVERLAP_DET}
+REQUEST_SERVERS = (*DETERMINISTIC, "ddtree-b32-c8-graphs", STALE_PENALTIES, OVERLAP_DET)
 
 
 # --- SGLang's deterministic inference -------------------------------------------------------------------
@@ -72,12 +77,13 @@ def seeded(seed: int) -> dict:
     return {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 64, "ignore_eos": True, "sampling_seed": seed}
 
 
-def test_a_seeded_request_repeats_its_answer_whatever_the_batch(fleet, prompts, record_property):
+@pytest.mark.parametrize("scheduler", sorted(TREES))
+def test_a_seeded_request_repeats_its_answer_whatever_the_batch(fleet, prompts, scheduler, record_property):
     """Under deterministic inference the same (prompt, seed) gives the same answer one at a time, 8 at once,
     and among unseeded requests; NONE's seeded answers from the same server kind are recorded beside it
     (equal up to bf16 drift: each node is drawn as NONE draws at that position). Without deterministic
     inference a seed is refused, naming the flag."""
-    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, DETERMINISTIC[2])
+    plain, tree = ready(fleet, DETERMINISTIC[0]), ready(fleet, TREES[scheduler])
     eight = prompts[:8]
 
     def answers(server, concurrency, crowd=0):
@@ -290,8 +296,9 @@ LOGPROB_MARGIN = 0.02      # nats above the control's own largest difference (on
 LOGPROB_CEILING = 0.5      # nats: a logprob read from the wrong node or before processing is off by about a nat
 
 
+@pytest.mark.parametrize("scheduler", sorted(TREES))
 @pytest.mark.parametrize("concurrency", [1, 8])
-def test_output_logprobs_equal_nones(fleet, prompts, concurrency, record_property):
+def test_output_logprobs_equal_nones(fleet, prompts, concurrency, scheduler, record_property):
     """Greedy with return_logprob and 5 top logprobs: on every token where DDTREE's answer equals NONE's (both
     with deterministic inference), its logprob and top-5 are as close to NONE's as SGLang's own DFLASH's are (the
     control, same numerics: a verify pass's logits against a decode step's): the chosen token's and the top-5's
@@ -299,7 +306,8 @@ def test_output_logprobs_equal_nones(fleet, prompts, concurrency, record_propert
     token has one. (The H200 run of 2026-12-03 saw DDTREE at max 0.25 / top-5 0.78 on the top-2-of-8 pair with no
     control beside it; the second run, with the control, DFLASH's own top-5 differences reached 0.186 on the dense
     pair - above the fixed 0.1 the test then used, so the bound is the control's, per metric.)"""
-    plain, tree, control = ready(fleet, DETERMINISTIC[0]), ready(fleet, LOGPROBS), ready(fleet, DETERMINISTIC[1])
+    tree_name = LOGPROBS if scheduler == "plain" else TREES[scheduler]
+    plain, tree, control = ready(fleet, DETERMINISTIC[0]), ready(fleet, tree_name), ready(fleet, DETERMINISTIC[1])
     asks = {"return_logprob": True, "top_logprobs_num": 5}
 
     def run(server, conc):
