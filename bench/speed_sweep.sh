@@ -4,7 +4,10 @@
 #                                with held-out and training-file prompts; needs only the machine's torch, so it can run
 #                                in the background while the test bed is staged (BG=/tmp/ddtree-train
 #                                tests/gpu_sglang/bg.sh start bench/speed_sweep.sh train); a pair already there, or
-#                                one carried back (UNPACK=DIR: the parts PACK=1 wrote), is kept
+#                                one carried back (UNPACK=DIR: the parts PACK=1 wrote), is kept. DISTILL=F (a share
+#                                0..1): the draft trained on the target's own greedy continuations for that share
+#                                of its batches (train_pair.py --distill); on a pair already there (carried) only
+#                                its draft is trained again, on its target (--target-from), all TRAIN_MINUTES long
 #   bench/speed_sweep.sh run [JOB] [sglang_speed.py options]
 #                                after staging: waits for the training, exports the pair to SGLang's formats and runs
 #                                bench/sglang_speed.py (NONE, DFLASH, DDTREE +- the overlap scheduler, the schedule it
@@ -25,15 +28,26 @@ mkdir -p "$W"
 t0=$(date +%s)
 say() { echo "[speed $(( $(date +%s) - t0 )) s] $*"; }
 
+distilled_share() {   # the --distill share the pair's draft was trained with (0 when none or no pair)
+  python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('distill') or 0)" "$PAIR/train.json" \
+    2>/dev/null || echo 0
+}
+
 train() {
   [ -n "${UNPACK:-}" ] && carry_unpack pair "$UNPACK" "$W"
-  if [ -f "$PAIR/b8/draft/model.safetensors" ] && [ -f "$PAIR/train_prompts.json" ]; then
+  local trained=0 redraft=()
+  [ -f "$PAIR/b8/draft/model.safetensors" ] && [ -f "$PAIR/train_prompts.json" ] && trained=1
+  if [ "$trained" = 1 ] && [ "$(distilled_share)" = "${DISTILL:-0}" ]; then
     say "pair already trained: $PAIR"; return 0
   fi
-  PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 bench/train_pair.py --out "$PAIR" --size h200 \
-    --minutes "${TRAIN_MINUTES:-8}" --block-sizes 8 --prompts 64 --train-prompts 64 --device cuda > "$W/train.log" 2>&1
+  [ "$trained" = 1 ] && redraft=(--target-from "$PAIR/b8")      # keep its target, train its draft again
+  # TRAIN_SIZE, TRAIN_DEVICE and TRAIN_ARGS (more train_pair.py options) for a pair made elsewhere, e.g. the CPU test
+  # shellcheck disable=SC2086
+  PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 bench/train_pair.py --out "$PAIR" --size "${TRAIN_SIZE:-h200}" \
+    --minutes "${TRAIN_MINUTES:-8}" --block-sizes 8 --prompts 64 --train-prompts 64 --device "${TRAIN_DEVICE:-cuda}" \
+    --distill "${DISTILL:-0}" "${redraft[@]}" ${TRAIN_ARGS:-} > "$W/train.log" 2>&1
   rc=$?
-  grep -E "held-out|steps in" "$W/train.log"
+  grep -E "held-out|steps in|distill|greedy" "$W/train.log"
   say "training ended (rc $rc)"
   return $rc
 }

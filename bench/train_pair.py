@@ -10,6 +10,11 @@ offset. Stages, each limited by its share of --minutes of wall time:
   drafts  DFlashDraft per block size on the frozen target's hidden states: 16 anchors per window,
           each a block (root byte, then masks) that sees the context before its root; loss = mean
           cross-entropy over depths 1..L.
+  distill (--distill F, optional) a share F of the drafts' batches comes from the target's own greedy
+          continuations of training windows (first half the corpus, second half the target's argmax tokens,
+          anchors in the second half): at temperature 0 a draft is accepted where it predicts the target's
+          greedy tokens, not the corpus's, so this is what DFlash drafts are trained on (the target's answers);
+  --target-from DIR (optional) loads DIR/target instead of training one: the whole budget goes to the drafts.
 Writes DIR/b8 and DIR/b16 (each a pair directory load_pair reads: target/ + draft/),
 DIR/heldout_prompts.json (prompts cut from held-out files at line starts) and DIR/train.json
 (configuration, losses, held-out losses, per-depth draft top-1 accuracy); prints the losses.
@@ -33,7 +38,7 @@ import torch.nn.functional as F
 
 from ddtree.reference.config import DraftConfig, TargetConfig
 from ddtree.reference.draft import DFlashDraft
-from ddtree.reference.pair import Pair, save_pair
+from ddtree.reference.pair import Pair, load_target, save_pair
 from ddtree.reference.target import TargetLM
 from ddtree.reference.tokenizer import ByteTokenizer
 
@@ -138,13 +143,14 @@ def target_loss(target: TargetLM, x: torch.Tensor) -> torch.Tensor:
 
 
 def draft_loss(target: TargetLM, draft: DFlashDraft, x: torch.Tensor, anchors_per_seq: int,
-               gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy over depths; also the per-depth top-1 accuracy [L]."""
+               gen: torch.Generator, low: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy over depths; also the per-depth top-1 accuracy [L]. Anchors (block roots) at positions
+    low .. t - depth - 1 (a distilled window's second half: every label a target's greedy token)."""
     bs, t = x.shape
     depth = draft.config.block_size - 1
     with torch.no_grad():
         hidden = target.forward_sequence(x, capture=tuple(draft.config.target_layer_ids)).hidden
-    anchors = torch.randint(1, t - depth, (bs, anchors_per_seq), generator=gen).to(x.device)   # [bs, K]
+    anchors = torch.randint(low, t - depth, (bs, anchors_per_seq), generator=gen).to(x.device)   # [bs, K]
     logits = draft.block_logits(hidden, x, anchors)                                          # [bs, K, L, V]
     labels = x.gather(1, (anchors[:, :, None] + torch.arange(1, depth + 1, device=x.device)).reshape(bs, -1))
     labels = labels.view(bs, anchors_per_seq, depth)
@@ -171,6 +177,28 @@ def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int
             print(f"{name} step {step:5d} {elapsed:6.1f}s loss {losses[-1]:.4f}", flush=True)
     print(f"{name}: {step} steps in {time.perf_counter() - start:.0f}s", flush=True)
     return losses
+
+
+@torch.no_grad()
+def greedy_windows(target: TargetLM, data: torch.Tensor, count: int, length: int, gen: torch.Generator,
+                   chunk: int = 64) -> torch.Tensor:
+    """`count` windows of `length` tokens: the first half a training window, the second half the target's greedy
+    continuation of it (argmax, one token at a time, no cache) -> int64 [count, length] on data's device."""
+    half = length // 2
+    rows = []
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=data.device.type == "cuda"):
+        for start in range(0, count, chunk):
+            seq = windows(data, min(chunk, count - start), half, gen)                       # [c, half]
+            for _ in range(length - half):
+                nxt = target.forward_sequence(seq).logits[:, -1].argmax(-1)                # [c]
+                seq = torch.cat([seq, nxt[:, None]], dim=1)
+            rows.append(seq)
+    return torch.cat(rows)
+
+
+def pick_rows(data: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
+    """`batch` random rows of a [N, T] tensor."""
+    return data[torch.randint(0, data.shape[0], (batch,), generator=gen).to(data.device)]
 
 
 @torch.no_grad()
@@ -207,10 +235,20 @@ def main(argv=None) -> int:
                     help="also write DIR/train_prompts.json: this many prompts cut from training files (text the "
                          "pair has seen, on which a draft accepts more - a speed benchmark's high-acceptance share)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--distill", type=float, default=0.0,
+                    help="share of the drafts' batches drawn from the target's greedy continuations (0..1)")
+    ap.add_argument("--distill-windows", type=int, default=2048,
+                    help="how many greedy continuations to generate (--seq tokens each, half of them greedy)")
+    ap.add_argument("--target-from", help="a pair folder whose target/ is loaded instead of training one")
     args = ap.parse_args(argv)
     limit = MAX_MINUTES["cuda" if args.device.startswith("cuda") else "cpu"]
     if not 0 < args.minutes <= limit:
         ap.error(f"--minutes {args.minutes} is invalid: expected 0 < minutes <= {limit:g} on {args.device}")
+    if not 0 <= args.distill <= 1:
+        ap.error(f"--distill {args.distill} is invalid: expected a share 0..1 of the drafts' batches")
+    if args.target_from and not (Path(args.target_from) / "target" / "config.json").is_file():
+        ap.error(f"--target-from {args.target_from} is invalid: it has no target/config.json (give a pair folder "
+                 "train_pair.py wrote, e.g. DIR/b8)")
     blocks = [int(b) for b in args.block_sizes.split(",")]
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -221,16 +259,36 @@ def main(argv=None) -> int:
           f"{len(corpus.heldout_files)} held-out files ({held_data.numel() / 1e6:.2f} MB)", flush=True)
     budget = args.minutes * 60
     target_cfg, _ = configs(blocks[0], args.size)
-    target = TargetLM(target_cfg).to(dev)
+    if args.target_from:
+        target = load_target(Path(args.target_from) / "target", device=dev)[0]
+        if asdict(target.config) != asdict(target_cfg):
+            raise SystemExit(f"--target-from {args.target_from} is invalid with --size {args.size}: its target's "
+                             f"config.json differs from that size's target ({asdict(target.config)} against "
+                             f"{asdict(target_cfg)}); give the size it was trained with")
+    else:
+        target = TargetLM(target_cfg).to(dev)
     report = {"seed": args.seed, "minutes": args.minutes, "size": args.size, "device": str(dev), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
               "target_config": asdict(target_cfg), "heldout_files": corpus.heldout_files,
-              "train_files": corpus.train_files, "drafts": {}}
-    report["target_losses"] = train(
-        target, list(target.parameters()),
-        lambda: target_loss(target, windows(train_data, args.batch, args.seq + 1, gen)),
-        0.55 * budget, 1.5e-3, 100, "target")
+              "train_files": corpus.train_files, "drafts": {}, "target_from": args.target_from,
+              "distill": args.distill}
+    draft_share = 1.0 if args.target_from else 0.45
+    if not args.target_from:
+        report["target_losses"] = train(
+            target, list(target.parameters()),
+            lambda: target_loss(target, windows(train_data, args.batch, args.seq + 1, gen)),
+            0.55 * budget, 1.5e-3, 100, "target")
     target.eval().requires_grad_(False)
+    distilled = None
+    if args.distill > 0:
+        began = time.perf_counter()
+        distilled = greedy_windows(target, train_data, args.distill_windows, args.seq, gen)        # [N, seq]
+        spent = time.perf_counter() - began
+        budget = max(budget * draft_share - spent, 1.0) / draft_share                  # the drafts pay for it
+        report["distill_windows"], report["distill_seconds"] = int(distilled.shape[0]), round(spent, 1)
+        print(f"distill: {distilled.shape[0]} greedy continuations of {args.seq // 2} tokens in {spent:.0f}s",
+              flush=True)
+    held_greedy = greedy_windows(target, held_data, 32, args.seq, gen) if args.distill > 0 else None
     report["target_heldout_loss"] = evaluate(
         lambda: target_loss(target, windows(held_data, args.batch, args.seq + 1, gen)), 20)
     print(f"target held-out loss {report['target_heldout_loss']:.4f} nats/byte", flush=True)
@@ -239,9 +297,13 @@ def main(argv=None) -> int:
         draft = DFlashDraft(draft_cfg, target_cfg.hidden_size, target.embed_tokens, target.lm_head).to(dev)
 
         def step(data=train_data, d=draft):
+            if distilled is not None and torch.rand((), generator=gen).item() < args.distill:
+                return draft_loss(target, d, pick_rows(distilled, args.batch // 2, gen), 16, gen,
+                                  low=args.seq // 2 - 1)[0]
             return draft_loss(target, d, windows(data, args.batch // 2, args.seq, gen), 16, gen)[0]
 
-        losses = train(draft, list(draft.parameters()), step, 0.45 * budget / len(blocks), 2e-3, 100, f"draft b{block}")
+        losses = train(draft, list(draft.parameters()), step, draft_share * budget / len(blocks), 2e-3, 100,
+                       f"draft b{block}")
         draft.eval()
         with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16,
                                              enabled=dev.type == "cuda"):
@@ -253,6 +315,12 @@ def main(argv=None) -> int:
                                          "heldout_top1_by_depth": accuracy}
         print(f"draft b{block} held-out loss {held_loss:.4f}; top-1 by depth "
               + " ".join(f"{a:.2f}" for a in accuracy), flush=True)
+        if held_greedy is not None:          # what acceptance at temperature 0 follows: the target's own tokens
+            with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                greedy_acc = draft_loss(target, draft, held_greedy, 16, gen, low=args.seq // 2 - 1)[1].tolist()
+            report["drafts"][f"b{block}"]["heldout_greedy_top1_by_depth"] = greedy_acc
+            print(f"draft b{block} on the target's greedy continuations of held-out text: top-1 by depth "
+                  + " ".join(f"{a:.2f}" for a in greedy_acc), flush=True)
         save_pair(Pair(target=target, draft=draft, tokenizer=TOK), Path(args.out) / f"b{block}")
     out = Path(args.out)
     (out / "heldout_prompts.json").write_text(json.dumps(heldout_prompts(texts.heldout, args.prompts, 256, args.seed)))

@@ -55,6 +55,34 @@ def test_train_pair_then_e2e_on_the_cpu(tmp_path):
     assert (tmp_path / "e2e.png").stat().st_size > 10_000
 
 
+def test_a_draft_distilled_on_a_loaded_targets_greedy_tokens(tmp_path):
+    """--target-from keeps the given target (its weights unchanged) and trains drafts only; --distill draws that
+    share of the draft's batches from the target's greedy continuations and reports the draft's top-1 on the
+    target's greedy continuations of held-out text; bad values name the flag."""
+    base = ("bench/train_pair.py", "--size", "small", "--batch", "4", "--seq", "64", "--prompts", "2",
+            "--device", "cpu", "--block-sizes", "8")
+    run(*base, "--out", str(tmp_path / "first"), "--minutes", "0.03")
+    out = run(*base, "--out", str(tmp_path / "second"), "--minutes", "0.05", "--target-from", str(tmp_path / "first/b8"),
+              "--distill", "0.5", "--distill-windows", "8")
+    assert "distill: 8 greedy continuations of 32 tokens" in out and "target:" not in out    # no target training
+    report = json.loads((tmp_path / "second/train.json").read_text())
+    assert report["distill"] == 0.5 and report["distill_windows"] == 8 and "target_losses" not in report
+    assert len(report["drafts"]["b8"]["heldout_greedy_top1_by_depth"]) == 7
+    weights = [(tmp_path / d / "b8/target/model.safetensors").read_bytes() for d in ("first", "second")]
+    assert weights[0] == weights[1]
+    for flag, value, said in (("--distill", "1.5", "--distill 1.5 is invalid: expected a share 0..1"),
+                              ("--target-from", str(tmp_path), f"--target-from {tmp_path} is invalid: it has no "
+                                                               "target/config.json")):
+        r = subprocess.run([sys.executable, *base, "--out", str(tmp_path / "bad"), "--minutes", "0.03", flag, value],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+        assert r.returncode != 0 and said in r.stderr, r.stderr[-500:]
+    r = subprocess.run([sys.executable, *base[:2], "h200", *base[3:], "--out", str(tmp_path / "bad"), "--minutes", "0.03",
+                        "--target-from", str(tmp_path / "first/b8")], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "is invalid with --size h200" in r.stderr, r.stderr[-500:]
+
+
 def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
     """bench/sglang_e2e.py's arithmetic and outputs on hand-made answers (the servers run on the GPU)."""
     from tests.helpers import import_bench
