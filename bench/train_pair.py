@@ -14,7 +14,8 @@ offset. Stages, each limited by its share of --minutes of wall time:
           continuations of training windows (first half the corpus, second half the target's argmax tokens,
           anchors in the second half): at temperature 0 a draft is accepted where it predicts the target's
           greedy tokens, not the corpus's, so this is what DFlash drafts are trained on (the target's answers);
-  --target-from DIR (optional) loads DIR/target instead of training one: the whole budget goes to the drafts.
+  --target-from DIR (optional) loads DIR/target instead of training one: the whole budget goes to the drafts,
+          and a draft of the same configuration in DIR/draft is trained on from its weights (a warm start).
 Writes DIR/b8 and DIR/b16 (each a pair directory load_pair reads: target/ + draft/),
 DIR/heldout_prompts.json (prompts cut from held-out files at line starts) and DIR/train.json
 (configuration, losses, held-out losses, per-depth draft top-1 accuracy); prints the losses.
@@ -36,9 +37,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ddtree.reference.config import DraftConfig, TargetConfig
+from ddtree.reference.config import DraftConfig, TargetConfig, load_config
 from ddtree.reference.draft import DFlashDraft
-from ddtree.reference.pair import Pair, load_target, save_pair
+from ddtree.reference.pair import Pair, load_draft, load_target, save_pair
 from ddtree.reference.target import TargetLM
 from ddtree.reference.tokenizer import ByteTokenizer
 
@@ -181,7 +182,7 @@ def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int
 
 @torch.no_grad()
 def greedy_windows(target: TargetLM, data: torch.Tensor, count: int, length: int, gen: torch.Generator,
-                   chunk: int = 64) -> torch.Tensor:
+                   chunk: int = 256) -> torch.Tensor:
     """`count` windows of `length` tokens: the first half a training window, the second half the target's greedy
     continuation of it (argmax, one token at a time, no cache) -> int64 [count, length] on data's device."""
     half = length // 2
@@ -194,6 +195,20 @@ def greedy_windows(target: TargetLM, data: torch.Tensor, count: int, length: int
                 seq = torch.cat([seq, nxt[:, None]], dim=1)
             rows.append(seq)
     return torch.cat(rows)
+
+
+def start_draft(cfg: DraftConfig, target: TargetLM, target_from: str | None,
+                dev: torch.device) -> tuple[DFlashDraft, str | None]:
+    """A new draft, or the one beside --target-from's target when its configuration is `cfg` (trained on from its
+    weights), and where it started (None: new)."""
+    kept = Path(target_from) / "draft" if target_from else None
+    if kept is None or not (kept / "config.json").is_file():
+        return DFlashDraft(cfg, target.config.hidden_size, target.embed_tokens, target.lm_head).to(dev), None
+    if asdict(load_config(kept / "config.json", DraftConfig)) != asdict(cfg):
+        print(f"draft b{cfg.block_size}: {kept} has another configuration, a new draft is trained", flush=True)
+        return DFlashDraft(cfg, target.config.hidden_size, target.embed_tokens, target.lm_head).to(dev), None
+    print(f"draft b{cfg.block_size}: trained on from {kept}", flush=True)
+    return load_draft(kept, target, device=dev).train(), str(kept)
 
 
 def pick_rows(data: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
@@ -294,7 +309,8 @@ def main(argv=None) -> int:
     print(f"target held-out loss {report['target_heldout_loss']:.4f} nats/byte", flush=True)
     for block in blocks:
         _, draft_cfg = configs(block, args.size)
-        draft = DFlashDraft(draft_cfg, target_cfg.hidden_size, target.embed_tokens, target.lm_head).to(dev)
+        draft, warm_from = start_draft(draft_cfg, target, args.target_from, dev)
+        report["drafts"][f"b{block}"] = {"warm_start": warm_from}
 
         def step(data=train_data, d=draft):
             if distilled is not None and torch.rand((), generator=gen).item() < args.distill:
@@ -311,8 +327,8 @@ def main(argv=None) -> int:
                        for _ in range(10)]
         held_loss = sum(float(r[0]) for r in results) / len(results)
         accuracy = (sum(r[1] for r in results) / len(results)).tolist()
-        report["drafts"][f"b{block}"] = {"config": asdict(draft_cfg), "losses": losses, "heldout_loss": held_loss,
-                                         "heldout_top1_by_depth": accuracy}
+        report["drafts"][f"b{block}"].update({"config": asdict(draft_cfg), "losses": losses, "heldout_loss": held_loss,
+                                              "heldout_top1_by_depth": accuracy})
         print(f"draft b{block} held-out loss {held_loss:.4f}; top-1 by depth "
               + " ".join(f"{a:.2f}" for a in accuracy), flush=True)
         if held_greedy is not None:          # what acceptance at temperature 0 follows: the target's own tokens

@@ -68,6 +68,8 @@ def test_a_draft_distilled_on_a_loaded_targets_greedy_tokens(tmp_path):
     report = json.loads((tmp_path / "second/train.json").read_text())
     assert report["distill"] == 0.5 and report["distill_windows"] == 8 and "target_losses" not in report
     assert len(report["drafts"]["b8"]["heldout_greedy_top1_by_depth"]) == 7
+    assert report["drafts"]["b8"]["warm_start"] == str(tmp_path / "first/b8/draft")    # trained on, not anew
+    assert "trained on from" in out
     weights = [(tmp_path / d / "b8/target/model.safetensors").read_bytes() for d in ("first", "second")]
     assert weights[0] == weights[1]
     for flag, value, said in (("--distill", "1.5", "--distill 1.5 is invalid: expected a share 0..1"),
