@@ -202,13 +202,12 @@ def start_draft(cfg: DraftConfig, target: TargetLM, target_from: str | None,
     """A new draft, or the one beside --target-from's target when its configuration is `cfg` (trained on from its
     weights), and where it started (None: new)."""
     kept = Path(target_from) / "draft" if target_from else None
-    if kept is None or not (kept / "config.json").is_file():
-        return DFlashDraft(cfg, target.config.hidden_size, target.embed_tokens, target.lm_head).to(dev), None
-    if asdict(load_config(kept / "config.json", DraftConfig)) != asdict(cfg):
+    if kept is not None and (kept / "config.json").is_file():
+        if asdict(load_config(kept / "config.json", DraftConfig)) == asdict(cfg):
+            print(f"draft b{cfg.block_size}: trained on from {kept}", flush=True)
+            return load_draft(kept, target, device=dev).train(), str(kept)
         print(f"draft b{cfg.block_size}: {kept} has another configuration, a new draft is trained", flush=True)
-        return DFlashDraft(cfg, target.config.hidden_size, target.embed_tokens, target.lm_head).to(dev), None
-    print(f"draft b{cfg.block_size}: trained on from {kept}", flush=True)
-    return load_draft(kept, target, device=dev).train(), str(kept)
+    return DFlashDraft(cfg, target.config.hidden_size, target.embed_tokens, target.lm_head).to(dev), None
 
 
 def pick_rows(data: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
@@ -294,7 +293,7 @@ def main(argv=None) -> int:
             lambda: target_loss(target, windows(train_data, args.batch, args.seq + 1, gen)),
             0.55 * budget, 1.5e-3, 100, "target")
     target.eval().requires_grad_(False)
-    distilled = None
+    distilled = held_greedy = None
     if args.distill > 0:
         began = time.perf_counter()
         distilled = greedy_windows(target, train_data, args.distill_windows, args.seq, gen)        # [N, seq]
@@ -303,7 +302,7 @@ def main(argv=None) -> int:
         report["distill_windows"], report["distill_seconds"] = int(distilled.shape[0]), round(spent, 1)
         print(f"distill: {distilled.shape[0]} greedy continuations of {args.seq // 2} tokens in {spent:.0f}s",
               flush=True)
-    held_greedy = greedy_windows(target, held_data, 32, args.seq, gen) if args.distill > 0 else None
+        held_greedy = greedy_windows(target, held_data, 32, args.seq, gen)                  # [32, seq]
     report["target_heldout_loss"] = evaluate(
         lambda: target_loss(target, windows(held_data, args.batch, args.seq + 1, gen)), 20)
     print(f"target held-out loss {report['target_heldout_loss']:.4f} nats/byte", flush=True)

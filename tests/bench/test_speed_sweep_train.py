@@ -4,8 +4,6 @@ pair already there again on its own target (a carried pair's), and is not repeat
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 def train(tmp: Path, **env: str) -> str:
-    python = Path(shutil.which("python3") or "python3")
     r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={"PATH": f"{Path(sys.executable).parent}:{python.parent}:/usr/bin:/bin",
+                       env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                             "SPEED_DIR": str(tmp / "speed"), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small",
                             "TRAIN_MINUTES": "0.03", "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8", **env})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
