@@ -7,7 +7,9 @@
 #                                one carried back (UNPACK=DIR: the parts PACK=1 wrote), is kept. DISTILL=F (a share
 #                                0..1): the draft trained on the target's own greedy continuations for that share
 #                                of its batches (train_pair.py --distill); on a pair already there (carried) only
-#                                its draft is trained again, on its target (--target-from), all TRAIN_MINUTES long
+#                                its draft is trained again, on its target (--target-from), all TRAIN_MINUTES long;
+#                                REDRAFT=1 trains the draft of a pair already there on again even when its share is
+#                                DISTILL's (a draft that still accepts too little: 4 more minutes, say)
 #   bench/speed_sweep.sh run [JOB] [sglang_speed.py options]
 #                                after staging: waits for the training, exports the pair to SGLang's formats and runs
 #                                bench/sglang_speed.py (NONE, DFLASH, DDTREE +- the overlap scheduler, the schedule it
@@ -37,7 +39,7 @@ train() {
   [ -n "${UNPACK:-}" ] && carry_unpack pair "$UNPACK" "$W"
   local trained=0 redraft=()
   [ -f "$PAIR/b8/draft/model.safetensors" ] && [ -f "$PAIR/train_prompts.json" ] && trained=1
-  if [ "$trained" = 1 ] && [ "$(distilled_share)" = "${DISTILL:-0}" ]; then
+  if [ "$trained" = 1 ] && [ "$(distilled_share)" = "${DISTILL:-0}" ] && [ "${REDRAFT:-0}" != 1 ]; then
     say "pair already trained: $PAIR"; return 0
   fi
   [ "$trained" = 1 ] && redraft=(--target-from "$PAIR/b8")      # keep its target, train its draft again

@@ -237,9 +237,6 @@ BAD_PREFLIGHT = [
     ({"k26_nccl_p2p": "maybe"}, "k26_nccl_p2p=maybe is invalid: expected auto"),
     ({"k26_overlap_schedule": "sometimes"}, "k26_overlap_schedule=sometimes is invalid: expected auto, true or false"),
     ({"k26_overlap_schedule": True}, "k26_overlap_schedule=true is invalid with k26_server_kind=reference"),
-    ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_overlap_schedule": "true",
-      "k26_service_env": {"SGLANG_DDTREE_OVERLAP": "0"}},
-     "k26_overlap_schedule=true with k26_speculative_algorithm=DDTREE: the GPU test bed has not yet shown DDTREE lossless"),
     ({"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": 2, "k26_ddtree_topk_cap": 1},
      "k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4: the draft's block must fit in the verify window"),
     # a schedule by running batch size (ddtree-serve's): its form, and the rules at every batch size
@@ -326,25 +323,27 @@ def test_preflight_passes_sglang_with_the_chain(tmp_path, sglang_pair_dir):
 
 @pytest.mark.parametrize("switched", [
     {}, {"k26_ddtree_budget": "1:8,4:3", "k26_ddtree_topk_cap": "1:4,4:1"},
-    {"k26_overlap_schedule": True, "k26_ddtree_budget": "1:8,4:3", "k26_ddtree_topk_cap": "1:4,4:1",
-     "k26_service_env": {"SGLANG_DDTREE_OVERLAP": "1"}}])
+    {"k26_overlap_schedule": True, "k26_ddtree_budget": "1:8,4:3", "k26_ddtree_topk_cap": "1:4,4:1"},
+    {"k26_overlap_schedule": "true", "k26_service_env": {"SGLANG_DDTREE_OVERLAP": "0"}}])
 def test_preflight_passes_sglang_with_ddtree(tmp_path, sglang_pair_dir, switched):
-    """...with a width schedule (no switch since its GPU tests passed, issue 45), and under the overlap scheduler
-    with the plugin's switch in the service's environment."""
+    """...with a width schedule and under the overlap scheduler: neither needs a switch since their GPU tests passed
+    (issue 45), and a leftover value of the removed overlap switch in the service's environment changes nothing."""
     r = preflight(tmp_path, sglang_pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE",
                                               "k26_ddtree_budget": 3, "k26_ddtree_topk_cap": 1, **switched})
     assert r.returncode == 0, r.stdout[-3000:]
 
 
-def test_preflight_names_the_plugins_own_switches():
-    from ddtree.sglang.server_env import ENV_OVERLAP
+@pytest.mark.parametrize("removed", ["SGLANG_DDTREE_SCHEDULE", "SGLANG_DDTREE_OVERLAP"])
+def test_nothing_asks_for_a_removed_plugin_switch(removed):
+    """The schedule's and the overlap scheduler's switches are gone from the plugin (issue 45): nothing of the
+    deploy, the sweep or the defaults may still ask for them."""
+    from ddtree.sglang import switches
 
-    relations = (ROOT / "roles/preflight/tasks/relations.yml").read_text()
-    assert f"get('{ENV_OVERLAP}', '')" in relations
-    # the schedule's switch is gone from the plugin: nothing of the deploy or the sweep may still ask for it
+    assert removed not in {s.name for s in switches.SWITCHES}
     for path in ("roles/preflight/tasks/relations.yml", "roles/preflight/vars/main.yml", "playbooks/sweep.yml",
-                 "inventory/production/group_vars/k26/ddtree.yml"):
-        assert "SGLANG_DDTREE_SCHEDULE" not in (ROOT / path).read_text(), path
+                 "inventory/production/group_vars/k26/ddtree.yml", "roles/k26_defaults/defaults/main.yml",
+                 "templates/etc/systemd/system/k26-ddtree.service.j2"):
+        assert removed not in (ROOT / path).read_text(), path
 
 
 def test_preflight_refuses_an_sglang_draft_on_the_targets_last_layer(tmp_path, pair_dir):

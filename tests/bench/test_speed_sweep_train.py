@@ -1,5 +1,5 @@
 """bench/speed_sweep.sh train on the CPU with the small size: a pair is trained once; DISTILL trains the draft of a
-pair already there again on its own target (a carried pair's), and is not repeated once done."""
+pair already there again on its own target (a carried pair's), and is not repeated once done unless REDRAFT=1."""
 
 from __future__ import annotations
 
@@ -37,3 +37,8 @@ def test_a_carried_pair_gets_a_distilled_draft_on_its_own_target_once(tmp_path):
     assert (pair / "b8/target/model.safetensors").read_bytes() == target        # the carried target kept
     assert (pair / "b8/draft/model.safetensors").read_bytes() != draft          # its draft trained again
     assert "pair already trained" in train(tmp_path, DISTILL="0.5")          # done once
+    redrafted = (pair / "b8/draft/model.safetensors").read_bytes()
+    again = train(tmp_path, DISTILL="0.5", REDRAFT="1")                      # asked for: trained on once more
+    assert "training ended (rc 0)" in again and "pair already trained" not in again
+    assert (pair / "b8/target/model.safetensors").read_bytes() == target
+    assert (pair / "b8/draft/model.safetensors").read_bytes() != redrafted

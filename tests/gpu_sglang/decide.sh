@@ -21,7 +21,7 @@
 #              processors, output logprobs) and test_grammars.py, each pair's controls on servers beside its DDTREE
 #              servers; REQUEST_K selects tests (pytest -k), REQUEST_START the servers started (default: all of both
 #              modules). The features DDTREE serves under the overlap scheduler (seeds, output logprobs, grammars;
-#              SGLANG_DDTREE_OVERLAP's last open rows): REQUEST_K=overlap REQUEST_START=none-det-clp-tok,
+#              passed 2026-12-05 16:35, docs/benchmarks.md): REQUEST_K=overlap REQUEST_START=none-det-clp-tok,
 #              dflash-det-clp-tok,ddtree-b32-c8-graphs,ddtree-b32-c8-graphs-det-overlap-tok,none-grammar,
 #              ddtree-b32-c8-graphs-grammar-overlap (one comma-separated value);
 #   part "gates": issue 45's gated features on GATES_SIZES (default kimi-dense kimi-allexp: MLA, identity decidable),

@@ -138,6 +138,21 @@ def test_the_rendered_ddtree_command_line_parses_and_validates():
     assert r.stdout.split() == ["DDTREE", "32", "8", "triton", "8", "True", API_KEY, "<redacted>"]
 
 
+def test_the_rendered_ddtree_command_line_under_the_overlap_scheduler_parses_and_validates():
+    """k26_overlap_schedule true renders no --disable-overlap-schedule: SGLang keeps its overlap scheduler on for
+    DDTREE (registered overlap-capable) and the plugin's start-up refuses nothing, with no switch in the environment
+    (SGLANG_DDTREE_OVERLAP is gone; a leftover value changes nothing)."""
+    args = [a for a in rendered_production_args("DDTREE") if a != "--disable-overlap-schedule"]
+    for leftover in (None, "0"):
+        env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_OVERLAP"}
+        if leftover is not None:
+            env["SGLANG_DDTREE_OVERLAP"] = leftover
+        r = subprocess.run([sys.executable, "-c", PARSE, json.dumps(with_config(args))], capture_output=True,
+                           text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stdout.split() == ["DDTREE", "32", "8", "triton", "8", "False", API_KEY, "<redacted>"]
+
+
 def test_the_rendered_flags_match_the_template():
     """The list above is the one tests/ansible asserts for the production render (kept in step)."""
     text = (ROOT / "tests" / "ansible" / "test_static.py").read_text()
@@ -151,7 +166,6 @@ INVALID = [
     ({"--speculative-ddtree-topk-cap": "64"}, "--speculative-ddtree-topk-cap=64 is invalid: expected 1..budget (32)"),
     ({"--speculative-ddtree-budget": "5", "--speculative-ddtree-topk-cap": "1"},
      "--speculative-ddtree-budget=5 is invalid with block size 8: the draft's block must fit in the verify window"),
-    ({"--disable-overlap-schedule": None}, "add --disable-overlap-schedule"),
     ({"--attention-backend": "trtllm_mla"}, "--attention-backend=trtllm_mla cannot verify a tree"),
     ({"--attention-backend": None}, "--attention-backend=None cannot verify a tree"),
     ({"--page-size": "16"}, "--page-size=16 is invalid for DDTREE"),
@@ -347,7 +361,7 @@ def resolve(tmp_path, *extra: str, env: dict | None = None) -> subprocess.Comple
             "dummy", "--attention-backend", "triton", "--speculative-algorithm", "DDTREE",
             "--speculative-draft-model-path", str(pair / "draft"), "--disable-overlap-schedule", *extra]
     e = os.environ.copy()
-    for k in ("SGLANG_DDTREE_BUDGET", "SGLANG_DDTREE_TOPK_CAP", "SGLANG_DDTREE_BLOCK_SIZE", "SGLANG_DDTREE_OVERLAP"):
+    for k in ("SGLANG_DDTREE_BUDGET", "SGLANG_DDTREE_TOPK_CAP", "SGLANG_DDTREE_BLOCK_SIZE"):
         e.pop(k, None)
     return subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(args)], capture_output=True, text=True,
                           timeout=300, env={**e, **(env or {})})
@@ -454,8 +468,7 @@ def test_sglang_synchronises_a_ddtree_grammar_batch_under_the_overlap_scheduler(
               "    print(name, algo.supports_grammar_overlap(),\n"
               "          ScheduleBatch.grammar_needs_sync(NS(has_grammar=True, spec_algorithm=algo)),\n"
               "          ScheduleBatch.grammar_needs_sync(NS(has_grammar=False, spec_algorithm=algo)))\n")
-    env = {**os.environ, "SGLANG_DDTREE_OVERLAP": "1"}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-2:] == ["DDTREE False True False", "DFLASH True False False"]
 
@@ -521,20 +534,19 @@ def test_sglang_sampling_info_maps_to_ddtree_sampling_params():
     assert greedy.all_greedy and greedy.top_k is None and greedy.temperature.tolist() == [0.0, 0.0]
 
 
-@pytest.mark.parametrize("switch,supports", [("", False), ("1", True)])
-def test_the_overlap_switch_reaches_sglangs_registry(switch, supports):
-    """SGLANG_DDTREE_OVERLAP=1 registers DDTREE with supports_overlap (SGLang then starts it under its overlap
-    scheduler, without the deprecation warning of plugin workers that lack it); unset, SGLang's own
-    create_worker refuses overlap as before."""
+@pytest.mark.parametrize("leftover", [None, "0"])
+def test_ddtree_is_registered_overlap_capable_without_a_switch(leftover):
+    """DDTREE registers with supports_overlap (SGLang starts it under its overlap scheduler without the deprecation
+    warning of plugin workers that lack it), whatever an env file left of the removed SGLANG_DDTREE_OVERLAP."""
     script = ("from ddtree.sglang import plugin; plugin.register()\n"
               "from sglang.srt.speculative import spec_registry as r\n"
               "algo = r._REGISTRY['DDTREE']; print(algo.supports_overlap)\n")
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_OVERLAP"}
-    if switch:
-        env["SGLANG_DDTREE_OVERLAP"] = switch
+    if leftover is not None:
+        env["SGLANG_DDTREE_OVERLAP"] = leftover
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == str(supports)
+    assert out.stdout.strip().splitlines()[-1] == "True"
 
 
 def test_a_widths_graphs_cover_its_batch_sizes_padded_as_sglang_pads():

@@ -47,7 +47,6 @@ def test_the_rendered_production_settings_pass():
     (DDTreeSettings(6, 1, 8), {}, "use a budget >= 7 (7 with --speculative-ddtree-topk-cap 1 is the DFlash chain)"),
     (DDTreeSettings(32, 8, 1), {}, "--speculative-dflash-block-size=1 is invalid"),
     (GOOD, {"page_size": 64}, "--page-size=64 is invalid for DDTREE"),
-    (GOOD, {"disable_overlap_schedule": False}, "add --disable-overlap-schedule"),
     (GOOD, {"attention_backend": "fa3"}, "--attention-backend=fa3 cannot verify a tree"),
     (GOOD, {"attention_backend": None}, "--attention-backend=None cannot verify a tree"),
     (GOOD, {"pp_size": 2}, "--pp-size=2 is not supported with DDTREE"),
@@ -190,12 +189,16 @@ def test_penalties_and_logprobs_are_served_without_a_switch():
     assert not {"SGLANG_DDTREE_PENALTIES", "SGLANG_DDTREE_LOGPROBS"} & {s.name for s in switches.SWITCHES}
 
 
-def test_the_overlap_scheduler_is_allowed_only_by_its_switch(monkeypatch):
+@pytest.mark.parametrize("leftover", [None, "0", "1"])
+def test_the_overlap_scheduler_is_served_without_a_switch(monkeypatch, leftover):
+    """Its GPU tests passed (issue 45): no start-up refusal with or without --disable-overlap-schedule, whatever an
+    env file left of the removed SGLANG_DDTREE_OVERLAP, and the switch is no longer declared."""
     monkeypatch.delenv("SGLANG_DDTREE_OVERLAP", raising=False)
-    message = next(refusals(GOOD, server(disable_overlap_schedule=False)))
-    assert "add --disable-overlap-schedule" in message and "SGLANG_DDTREE_OVERLAP=1" in message
-    monkeypatch.setenv("SGLANG_DDTREE_OVERLAP", "1")
+    if leftover is not None:
+        monkeypatch.setenv("SGLANG_DDTREE_OVERLAP", leftover)
     assert list(refusals(GOOD, server(disable_overlap_schedule=False))) == []
+    assert list(refusals(GOOD, server(disable_overlap_schedule=True))) == []
+    assert "SGLANG_DDTREE_OVERLAP" not in {s.name for s in switches.SWITCHES}
 
 
 @pytest.mark.parametrize("field,value", [("frequency_penalty", 0.5), ("presence_penalty", 0.3),

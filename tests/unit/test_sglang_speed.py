@@ -86,7 +86,7 @@ def test_the_schedule_wins_only_where_it_is_at_least_the_best_fixed_budget():
 def test_scheduled_config_serves_the_schedule():
     cfg = speed.scheduled_config(speed.parse_tree_schedule("1:64,12:16", "s"), overlap=True)
     assert cfg.name == "ddtree-found-overlap" and cfg.overlap and cfg.max_bs == 48
-    assert cfg.env == (("SGLANG_DDTREE_OVERLAP", "1"),)         # a schedule needs no switch of its own
+    assert cfg.env == ()           # neither a schedule nor the overlap scheduler needs a switch of its own
     from pathlib import Path
     args = cfg.args(Path("/pair"), 40000)
     assert args[args.index("--speculative-ddtree-budget") + 1] == "1:64,12:16"
@@ -135,7 +135,7 @@ def test_twins_are_the_fixed_servers_of_the_schedules_budgets_under_names_of_the
     assert speed.twin_at(sched, 48, False) == "twin-ddtree-b32-c8-graphs-bs48"
     on = speed.twin_configs(speed.parse_tree_schedule("1:32,3:64", "s"), overlap=True)
     assert [t.name for t in on] == ["twin-ddtree-b32-c8-graphs-overlap-bs48", "twin-ddtree-b64-c8-graphs-overlap-bs48"]
-    assert all(("SGLANG_DDTREE_OVERLAP", "1") in t.env for t in on)
+    assert all(t.overlap and t.env == () for t in on)
     prof = speed.profiled(speed.scheduled_config(sched, overlap=False))
     assert prof.name == "ddtree-found-profile" and prof.budget == "1:32,3:16,40:32"
     assert prof.env == (("SGLANG_DDTREE_PROFILE_STEPS", "40"),)

@@ -26,13 +26,13 @@ def test_every_field_is_filled_by_exactly_one_switch():
 def test_unset_gives_the_declared_defaults():
     assert switches.read({}) == switches.Switches()
     read = switches.read({})
-    assert read.graph_check and not read.overlap and read.dump_steps == 400 and read.profile_steps is None
+    assert read.graph_check and read.sync_check is None and read.dump_steps == 400 and read.profile_steps is None
 
 
 @pytest.mark.parametrize("text,value", [("1", True), ("on", True), ("TRUE", True), ("yes", True),
-                                        ("0", False), ("off", False), ("false", False), ("", False)])
+                                        ("0", False), ("off", False), ("false", False), ("", True)])
 def test_a_flag_takes_the_usual_spellings(text, value):
-    assert switches.read({"SGLANG_DDTREE_OVERLAP": text}).overlap is value
+    assert switches.read({"SGLANG_DDTREE_GRAPH_CHECK": text}).graph_check is value      # unset: its default, on
 
 
 def test_each_kind_reads_its_values():
@@ -45,7 +45,7 @@ def test_each_kind_reads_its_values():
 
 
 @pytest.mark.parametrize("name,value,expects", [
-    ("SGLANG_DDTREE_OVERLAP", "maybe", "1 or 0"),
+    ("SGLANG_DDTREE_GRAPH_CHECK", "maybe", "1 or 0"),
     ("SGLANG_DDTREE_SYNC_CHECK", "loud", "one of warn, error"),
     ("SGLANG_DDTREE_PROFILE_STEPS", "-3", "a whole number of steps"),
     ("SGLANG_DDTREE_DUMP_STEPS", "0", "a whole number >= 1"),

@@ -14,7 +14,7 @@ from ddtree.sglang import graph_check, keys, penalty_state
 from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
 from ddtree.sglang.refusals import validate
-from ddtree.sglang.server_env import (block_to_env, draft_block_size, from_env, overlap_allowed, resolved_block,
+from ddtree.sglang.server_env import (block_to_env, draft_block_size, from_env, resolved_block,
                                       schedule_from_env, schedule_to_env)
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,9 @@ def register() -> None:
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", add_ddtree_cli_args, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", capture_ddtree_cli_values,
                           HookType.AFTER)
-    SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=overlap_allowed(), validate_server_args=validate_server_args,
+    # overlap-capable: under SGLang's overlap scheduler DDTREE gave NONE's answers on the GPU test bed (node by node,
+    # greedy, sampling, seeds, logprobs, grammars; issue 45); requests that read the answer are refused there (requests.py)
+    SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, validate_server_args=validate_server_args,
                                   spec_class=spec_class())(worker_factory)
     HookRegistry.register(CAPTURE_SPEC_INFO, capture_with_tree_mask, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST, refuse_unsupported_requests, HookType.BEFORE)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddtree.settings import SERVER_FLAGS, DDTreeConfigError, DDTreeSettings
-from ddtree.sglang.server_env import ENV_OVERLAP, overlap_allowed, schedule_from_env
+from ddtree.sglang.server_env import schedule_from_env
 
 # attention backends whose target-verify path takes an arbitrary (tree) custom mask in 0.5.23
 MASK_BACKENDS = ("triton", "flashinfer")
@@ -35,13 +35,6 @@ def _page_size(s, a) -> str | None:
     if page not in (None, 1):
         return (f"--page-size={page} is invalid for DDTREE: the accepted tree path is kept by rewriting the "
                 "request's token table slot by slot; use --page-size 1")
-    return None
-
-
-def _overlap(s, a) -> str | None:
-    if not getattr(a, "disable_overlap_schedule", False) and not overlap_allowed():
-        return (f"DDTREE runs without the overlap scheduler: add --disable-overlap-schedule ({ENV_OVERLAP}=1 lets it "
-                "run under the overlap scheduler, which the GPU test bed has not yet shown lossless)")
     return None
 
 
@@ -127,7 +120,7 @@ _eagle_shape = _flags((("--speculative-num-steps", "speculative_num_steps"),
 
 
 CHECKS: tuple[Callable, ...] = (
-    _ddtree_shape, _num_draft_tokens, _eagle_shape, _page_size, _overlap, _attention,
+    _ddtree_shape, _num_draft_tokens, _eagle_shape, _page_size, _attention,
     _above_one("--pp-size", "pp_size", "pipeline stages would need the tree relayed between them"),
     _above_one("--attn-dp-size", "attn_dp_size", "data-parallel attention runs idle ranks the tree path does not"),
     _flag_off("--enable-dp-attention", "enable_dp_attention", "data-parallel attention"),

@@ -109,10 +109,6 @@ SWITCHES: tuple[Switch, ...] = (
            "--speculative-ddtree-topk-cap as given; the plugin writes it"),
     Switch("SGLANG_DDTREE_BLOCK_SIZE", "block_size", "text", "",
            "the draft's block size, resolved at start-up; the plugin writes it"),
-    # a feature served only when switched on, until the GPU test bed has shown it equal to NONE (the budget
-    # schedule's own switch went when its tests passed on the three decidable pairs: issue 45)
-    Switch("SGLANG_DDTREE_OVERLAP", "overlap", "flag", "0",
-           "DDTREE runs under SGLang's overlap scheduler (start-up asks --disable-overlap-schedule otherwise)"),
     # checks an operator may run on any host
     Switch("SGLANG_DDTREE_GRAPH_CHECK", "graph_check", "flag", "on",
            "the first replay of each decode CUDA graph shape checks the step's inputs against the captured "
@@ -143,7 +139,6 @@ class Switches:
     budget: str = ""
     topk_cap: str = ""
     block_size: str = ""
-    overlap: bool = False
     graph_check: bool = True
     sync_check: str | None = None
     profile_steps: int | None = None
