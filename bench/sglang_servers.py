@@ -152,8 +152,8 @@ def config(name: str) -> ServerConfig:
     """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>, then any of
     -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
     -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache), -det
-    (--enable-deterministic-inference), -clp (custom logit processors enabled), -overlap (SGLang's overlap scheduler on),
-    -synccheck (DDTREE's steps under torch's sync debug mode, warn),
+    (--enable-deterministic-inference), -clp (custom logit processors enabled), -overlap (SGLang's overlap
+    scheduler on), -synccheck (DDTREE's steps under torch's sync debug mode, warn),
     -bs48 (48 running requests, decode graphs up to 48, a KV pool of 65,536 tokens), -grammar (the server tokenizes, JSON white space bounded, Kimi K2's tool-call parser),
     -tp2 (tensor parallel on 2 GPUs), -dump (DDTREE writes every step's tree, verify logits and prefix KV to
     Server.dump_dir), -fault (a deliberate tree-mask fault: nodes see their earlier siblings), -stalepen (a deliberate

@@ -1,8 +1,8 @@
 """DDTREE under SGLang 0.5.23's overlap scheduler (issue 35; marker sglang_gpu).
 
 Servers (bench/sglang_servers.py): -overlap runs SGLang's overlap scheduler (served without a switch since
-these tests passed on the decidable pairs, issue 45), -synccheck runs each DDTREE step under torch's CUDA sync debug mode (warn),
--bs48 takes 48 running requests with decode graphs up to 48. What is checked, each able to fail:
+these tests passed on the decidable pairs, issue 45), -synccheck runs each DDTREE step under torch's CUDA sync
+debug mode (warn), -bs48 takes 48 running requests with decode graphs up to 48. What is checked, each able to fail:
 - temperature 0: DDTREE with overlap emits NONE's tokens (partings only at bf16 near ties, as in
   test_ddtree_server), one request at a time, 8 at once, and 48 at once with requests arriving at staggered
   times and finishing at different lengths - the overlap scheduler's hard case: a request that finishes at

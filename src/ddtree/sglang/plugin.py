@@ -223,8 +223,9 @@ def register() -> None:
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", add_ddtree_cli_args, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", capture_ddtree_cli_values,
                           HookType.AFTER)
-    # overlap-capable: under SGLang's overlap scheduler DDTREE gave NONE's answers on the GPU test bed (node by node,
-    # greedy, sampling, seeds, logprobs, grammars; issue 45); requests that read the answer are refused there (requests.py)
+    # overlap-capable: under SGLang's overlap scheduler DDTREE gave NONE's answers on the GPU test bed (node by
+    # node, greedy, sampling, seeds, logprobs, grammars; issue 45); requests that read the answer are refused
+    # there (requests.py)
     SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, validate_server_args=validate_server_args,
                                   spec_class=spec_class())(worker_factory)
     HookRegistry.register(CAPTURE_SPEC_INFO, capture_with_tree_mask, HookType.AFTER)
