@@ -309,7 +309,6 @@ def main(argv=None) -> int:
     for block in blocks:
         _, draft_cfg = configs(block, args.size)
         draft, warm_from = start_draft(draft_cfg, target, args.target_from, dev)
-        report["drafts"][f"b{block}"] = {"warm_start": warm_from}
 
         def step(data=train_data, d=draft):
             if distilled is not None and torch.rand((), generator=gen).item() < args.distill:
@@ -326,8 +325,8 @@ def main(argv=None) -> int:
                        for _ in range(10)]
         held_loss = sum(float(r[0]) for r in results) / len(results)
         accuracy = (sum(r[1] for r in results) / len(results)).tolist()
-        report["drafts"][f"b{block}"].update({"config": asdict(draft_cfg), "losses": losses, "heldout_loss": held_loss,
-                                              "heldout_top1_by_depth": accuracy})
+        report["drafts"][f"b{block}"] = {"config": asdict(draft_cfg), "warm_start": warm_from, "losses": losses,
+                                         "heldout_loss": held_loss, "heldout_top1_by_depth": accuracy}
         print(f"draft b{block} held-out loss {held_loss:.4f}; top-1 by depth "
               + " ".join(f"{a:.2f}" for a in accuracy), flush=True)
         if held_greedy is not None:          # what acceptance at temperature 0 follows: the target's own tokens

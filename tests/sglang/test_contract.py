@@ -118,10 +118,16 @@ PARSE = ("import sys, json, os\n"
          "print(a.api_key, engine._server_args_for_logging(a)['api_key'])\n")
 
 
-def parse(args: list[str]) -> subprocess.CompletedProcess:
+def parse(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     r = subprocess.run([sys.executable, "-c", PARSE, json.dumps(with_config(args))], capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, env=env)
     return r
+
+
+def with_leftover_overlap_switch(value: str | None) -> dict:
+    """This environment without the removed SGLANG_DDTREE_OVERLAP, or with it at `value` (an env file's leftover)."""
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_OVERLAP"}
+    return env if value is None else {**env, "SGLANG_DDTREE_OVERLAP": value}
 
 
 def test_the_rendered_dflash_fallback_command_line_parses():
@@ -144,11 +150,7 @@ def test_the_rendered_ddtree_command_line_under_the_overlap_scheduler_parses_and
     (SGLANG_DDTREE_OVERLAP is gone; a leftover value changes nothing)."""
     args = [a for a in rendered_production_args("DDTREE") if a != "--disable-overlap-schedule"]
     for leftover in (None, "0"):
-        env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_OVERLAP"}
-        if leftover is not None:
-            env["SGLANG_DDTREE_OVERLAP"] = leftover
-        r = subprocess.run([sys.executable, "-c", PARSE, json.dumps(with_config(args))], capture_output=True,
-                           text=True, timeout=300, env=env)
+        r = parse(args, env=with_leftover_overlap_switch(leftover))
         assert r.returncode == 0, r.stderr[-3000:]
         assert r.stdout.split() == ["DDTREE", "32", "8", "triton", "8", "False", API_KEY, "<redacted>"]
 
@@ -541,10 +543,8 @@ def test_ddtree_is_registered_overlap_capable_without_a_switch(leftover):
     script = ("from ddtree.sglang import plugin; plugin.register()\n"
               "from sglang.srt.speculative import spec_registry as r\n"
               "algo = r._REGISTRY['DDTREE']; print(algo.supports_overlap)\n")
-    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DDTREE_OVERLAP"}
-    if leftover is not None:
-        env["SGLANG_DDTREE_OVERLAP"] = leftover
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=with_leftover_overlap_switch(leftover),
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "True"
 

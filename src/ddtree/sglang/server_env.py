@@ -27,6 +27,8 @@ from ddtree.sglang.width_schedule import WidthSchedule
 
 # the variables' names (declared with their kinds and meanings in ddtree.sglang.switches)
 ENV_BUDGET, ENV_TOPK_CAP, ENV_BLOCK_SIZE = (switches.NAME[f] for f in ("budget", "topk_cap", "block_size"))
+
+
 def schedule_from_env(env=None) -> WidthSchedule:
     """The budget and cap the plugin passed to SGLang's processes: `32` or `1:64,8:32,32:8` each (defaults where
     a variable is unset)."""
