@@ -19,9 +19,17 @@
 #                                schedule (phase 2 from the fixed jobs' rows on this machine); all (the default) runs
 #                                the whole sweep in one process (about 20 minutes). Each job's results: $RESULTS/JOB
 # Results: $OUT/speed.tgz (every job's table.md, results.json, schedule.json, server logs; train.json); PACK=1 also
-# writes the pair to $OUT/pair.tgz.part* (15 MiB parts) to be carried back.
+# writes the pair to $OUT/pair.tgz.part* (15 MiB parts) to be carried back; PACK=draft only its b8/draft and
+# train.json to $OUT/draft.tgz.part* (2 parts: a carried pair's target is unchanged, put them over its parts here).
+# The training prints each draft's offline accept length on the sweep's 1-request prompts (train_pair.py: within
+# 0.04 of SGLang's on 2026-12-05's pair), so a redraft is judged before staging SGLang.
 set -u
 cd "$(dirname "$0")/.."
+case ${PACK:-0} in
+  0|1|draft) ;;
+  *) echo "PACK=$PACK is invalid: expected 0 (nothing), 1 (the whole pair) or draft (its draft and train.json)" >&2
+     exit 2 ;;
+esac
 . bench/carry.sh
 W=${SPEED_DIR:-/tmp/ddtree-speed}
 PAIR=$W/pair
@@ -49,7 +57,7 @@ train() {
     --minutes "${TRAIN_MINUTES:-8}" --block-sizes 8 --prompts 64 --train-prompts 64 --device "${TRAIN_DEVICE:-cuda}" \
     --distill "${DISTILL:-0}" "${redraft[@]}" ${TRAIN_ARGS:-} > "$W/train.log" 2>&1
   rc=$?
-  grep -E "held-out|steps in|distill|greedy" "$W/train.log"
+  grep -E "held-out|steps in|distill|greedy|offline accept" "$W/train.log"
   say "training ended (rc $rc)"
   return $rc
 }
@@ -96,13 +104,17 @@ run() {
   return $rc
 }
 
-pack() {
+pack() {   # PACK=1: the whole pair; PACK=draft: its draft and train.json only (a carried pair's target is unchanged)
   [ -n "${OUT:-}" ] || return 0
-  carry_pack pair "$W" 0 pair
+  if [ "$PACK" = draft ]; then
+    carry_pack draft "$W" 0 pair/b8/draft pair/train.json
+  else
+    carry_pack pair "$W" 0 pair
+  fi
 }
 
 case ${1:-} in
-  train) shift; train; rc=$?; [ "${PACK:-0}" = 1 ] && pack; exit $rc ;;
-  run) shift; run "$@"; rc=$?; [ "${PACK:-0}" = 1 ] && pack; exit $rc ;;
+  train) shift; train; rc=$?; [ "${PACK:-0}" != 0 ] && pack; exit $rc ;;
+  run) shift; run "$@"; rc=$?; [ "${PACK:-0}" != 0 ] && pack; exit $rc ;;
   *) echo "usage: $0 train | run [fixed-off | fixed-on | schedule | all] [sglang_speed.py options]" >&2; exit 2 ;;
 esac

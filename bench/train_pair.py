@@ -16,9 +16,14 @@ offset. Stages, each limited by its share of --minutes of wall time:
           greedy tokens, not the corpus's, so this is what DFlash drafts are trained on (the target's answers);
   --target-from DIR (optional) loads DIR/target instead of training one: the whole budget goes to the drafts,
           and a draft of the same configuration in DIR/draft is trained on from its weights (a warm start).
+  accept  with --train-prompts, each draft's accept length counted offline (ddtree.reference.offline) on the
+          target's greedy answers to the speed sweep's 1-request prompts (bench/sglang_speed.py's mixed set):
+          DFLASH's chain and DDTREE b32 / b64 c8. On 2026-12-05's pair it came within 0.04 of what SGLang's server
+          reported for the same prompts (chain 3.83 / 3.83, b32 4.79 / 4.81, b64 5.04 / 5.08): a draft's check
+          without staging SGLang.
 Writes DIR/b8 and DIR/b16 (each a pair directory load_pair reads: target/ + draft/),
 DIR/heldout_prompts.json (prompts cut from held-out files at line starts) and DIR/train.json
-(configuration, losses, held-out losses, per-depth draft top-1 accuracy); prints the losses.
+(configuration, losses, held-out losses, per-depth draft top-1 accuracy, offline accept lengths); prints them.
 """
 
 from __future__ import annotations
@@ -111,7 +116,9 @@ SIZES = {
 # MoE whose routing cannot flip (every routed expert active for every token: no top-k choice for bf16 to tip)
 SIZES["kimi-dense"] = {**SIZES["kimi"], "target_extra": {**SIZES["kimi"]["target_extra"], "first_k_dense_replace": 8}}
 SIZES["kimi-allexp"] = {**SIZES["kimi"], "target_extra": {**SIZES["kimi"]["target_extra"], "num_experts_per_tok": 8}}
-MAX_MINUTES = {"cuda": 8.0, "cpu": 90.0}   # GPU device time is the scarce budget
+# GPU device time is the scarce budget (30 minutes a session): a whole pair fits one 10-minute call; a draft trained
+# on (--target-from) runs in the background and may take half the session
+MAX_MINUTES = {"cuda": 8.0, "cuda-draft": 15.0, "cpu": 90.0}
 
 
 def configs(block_size: int, size: str = "h200") -> tuple[TargetConfig, DraftConfig]:
@@ -182,19 +189,54 @@ def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int
 
 @torch.no_grad()
 def greedy_windows(target: TargetLM, data: torch.Tensor, count: int, length: int, gen: torch.Generator,
-                   chunk: int = 256) -> torch.Tensor:
+                   chunk: int = 512) -> torch.Tensor:
     """`count` windows of `length` tokens: the first half a training window, the second half the target's greedy
-    continuation of it (argmax, one token at a time, no cache) -> int64 [count, length] on data's device."""
+    continuation of it (TargetLM.greedy_continue: argmax with a KV cache) -> int64 [count, length] on data's
+    device."""
     half = length // 2
-    rows = []
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=data.device.type == "cuda"):
-        for start in range(0, count, chunk):
-            seq = windows(data, min(chunk, count - start), half, gen)                       # [c, half]
-            for _ in range(length - half):
-                nxt = target.forward_sequence(seq).logits[:, -1].argmax(-1)                # [c]
-                seq = torch.cat([seq, nxt[:, None]], dim=1)
-            rows.append(seq)
+        rows = [target.greedy_continue(windows(data, min(chunk, count - start), half, gen), length - half)
+                for start in range(0, count, chunk)]                                        # [c, length] each
     return torch.cat(rows)
+
+
+@dataclass
+class OfflineAccept:
+    """One tree's accept length on the target's greedy continuations of the speed sweep's 1-request prompts, counted
+    offline (ddtree.reference.offline): SGLang's spec_accept_length at temperature 0 (completion tokens / verify
+    steps, per request, then the mean) on the same prompts should come out close to it."""
+
+    tree: str                 # "chain b7 c1", "b32 c8"
+    accept_length: float      # mean over the prompts
+    seen: float               # the prompts cut from training files
+    heldout: float            # the held-out ones
+
+
+def accept_trees(block: int) -> list[tuple[int, int]]:
+    """(budget, cap) of DFLASH's chain and the sweep's widest DDTREE trees."""
+    return [(block - 1, 1), (32, 8), (64, 8)]
+
+
+@torch.no_grad()
+def offline_accepts(pair: Pair, prompts: list[list[int]], new_tokens: int) -> list[OfflineAccept]:
+    """prompts: sglang_speed.mixed_prompts's order (even index a training-file prompt, odd a held-out one)."""
+    from ddtree.reference.offline import offline_accept_lengths
+
+    dev = pair.target.lm_head.weight.device
+    depth = pair.block_size - 1
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        answers = [pair.target.greedy_continue(torch.tensor([p], device=dev), new_tokens + depth + 1)[0, len(p):]
+                   .tolist() for p in prompts]
+        found = []
+        for budget, cap in accept_trees(pair.block_size):
+            # SGLang's prefill gives the first token; verify steps, rooted at it, emit the other new_tokens - 1
+            per = [new_tokens / len(offline_accept_lengths(pair, p + a[:1], a[1:], budget=budget, topk_cap=cap,
+                                                           max_new_tokens=new_tokens - 1))
+                   for p, a in zip(prompts, answers)]
+            name = f"chain b{budget} c1" if cap == 1 else f"b{budget} c{cap}"
+            found.append(OfflineAccept(name, sum(per) / len(per), sum(per[0::2]) / len(per[0::2]),
+                                       sum(per[1::2]) / max(len(per[1::2]), 1)))
+    return found
 
 
 def start_draft(cfg: DraftConfig, target: TargetLM, target_from: str | None,
@@ -234,6 +276,15 @@ def heldout_prompts(texts: list[bytes], count: int, length: int, seed: int) -> l
     return prompts
 
 
+def speed_prompts(heldout: list[list[int]], seen: list[list[int]], count: int) -> list[list[int]]:
+    """The speed sweep's first `count` prompts (sglang_speed.mixed_prompts); none without both kinds."""
+    if not (heldout and seen and count):
+        return []
+    from sglang_speed import mixed_prompts
+
+    return mixed_prompts(heldout, seen, count)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (DIR/b8, DIR/b16, ...)")
@@ -251,18 +302,26 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--distill", type=float, default=0.0,
                     help="share of the drafts' batches drawn from the target's greedy continuations (0..1)")
-    ap.add_argument("--distill-windows", type=int, default=2048,
+    ap.add_argument("--distill-windows", type=int, default=8192,
                     help="how many greedy continuations to generate (--seq tokens each, half of them greedy)")
     ap.add_argument("--target-from", help="a pair folder whose target/ is loaded instead of training one")
+    ap.add_argument("--accept-prompts", type=int, default=24,
+                    help="with --train-prompts: each draft's offline accept length on the speed sweep's first this "
+                         "many prompts (its 1-request row's set; 0: none)")
+    ap.add_argument("--accept-tokens", type=int, default=192, help="new tokens per prompt of that count")
     args = ap.parse_args(argv)
-    limit = MAX_MINUTES["cuda" if args.device.startswith("cuda") else "cpu"]
-    if not 0 < args.minutes <= limit:
-        ap.error(f"--minutes {args.minutes} is invalid: expected 0 < minutes <= {limit:g} on {args.device}")
+    kind = ("cuda-draft" if args.target_from else "cuda") if args.device.startswith("cuda") else "cpu"
+    if not 0 < args.minutes <= MAX_MINUTES[kind]:
+        ap.error(f"--minutes {args.minutes} is invalid: expected 0 < minutes <= {MAX_MINUTES[kind]:g} on "
+                 f"{args.device}{' for a draft trained on (--target-from)' if args.target_from else ''}")
     if not 0 <= args.distill <= 1:
         ap.error(f"--distill {args.distill} is invalid: expected a share 0..1 of the drafts' batches")
     if args.target_from and not (Path(args.target_from) / "target" / "config.json").is_file():
         ap.error(f"--target-from {args.target_from} is invalid: it has no target/config.json (give a pair folder "
                  "train_pair.py wrote, e.g. DIR/b8)")
+    if args.accept_prompts < 0 or args.accept_tokens < 2:
+        ap.error(f"--accept-prompts {args.accept_prompts} / --accept-tokens {args.accept_tokens} is invalid: expected "
+                 "0 or more prompts and at least 2 tokens")
     blocks = [int(b) for b in args.block_sizes.split(",")]
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -306,6 +365,9 @@ def main(argv=None) -> int:
     report["target_heldout_loss"] = evaluate(
         lambda: target_loss(target, windows(held_data, args.batch, args.seq + 1, gen)), 20)
     print(f"target held-out loss {report['target_heldout_loss']:.4f} nats/byte", flush=True)
+    prompts = heldout_prompts(texts.heldout, args.prompts, 256, args.seed)
+    seen = heldout_prompts(texts.train, args.train_prompts, 256, args.seed + 1) if args.train_prompts else []
+    accept_on = speed_prompts(prompts, seen, args.accept_prompts)
     for block in blocks:
         _, draft_cfg = configs(block, args.size)
         draft, warm_from = start_draft(draft_cfg, target, args.target_from, dev)
@@ -335,12 +397,19 @@ def main(argv=None) -> int:
             report["drafts"][f"b{block}"]["heldout_greedy_top1_by_depth"] = greedy_acc
             print(f"draft b{block} on the target's greedy continuations of held-out text: top-1 by depth "
                   + " ".join(f"{a:.2f}" for a in greedy_acc), flush=True)
-        save_pair(Pair(target=target, draft=draft, tokenizer=TOK), Path(args.out) / f"b{block}")
+        pair = Pair(target=target, draft=draft, tokenizer=TOK)
+        if accept_on:
+            found = offline_accepts(pair, accept_on, args.accept_tokens)
+            report["drafts"][f"b{block}"]["offline_accept"] = [asdict(a) for a in found]
+            print(f"draft b{block} offline accept length on the speed sweep's {len(accept_on)} 1-request prompts x "
+                  f"{args.accept_tokens} tokens (training-file / held-out): "
+                  + "; ".join(f"{a.tree} {a.accept_length:.2f} ({a.seen:.2f} / {a.heldout:.2f})" for a in found),
+                  flush=True)
+        save_pair(pair, Path(args.out) / f"b{block}")
     out = Path(args.out)
-    (out / "heldout_prompts.json").write_text(json.dumps(heldout_prompts(texts.heldout, args.prompts, 256, args.seed)))
+    (out / "heldout_prompts.json").write_text(json.dumps(prompts))
     if args.train_prompts:
-        (out / "train_prompts.json").write_text(
-            json.dumps(heldout_prompts(texts.train, args.train_prompts, 256, args.seed + 1)))
+        (out / "train_prompts.json").write_text(json.dumps(seen))
     (out / "train.json").write_text(json.dumps(report, indent=1))
     return 0
 

@@ -79,6 +79,16 @@ def test_a_draft_distilled_on_a_loaded_targets_greedy_tokens(tmp_path):
                            capture_output=True, text=True, timeout=120, cwd=ROOT,
                            env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
         assert r.returncode != 0 and said in r.stderr, r.stderr[-500:]
+    # the GPU's limits, checked before any device is touched: 8 minutes for a pair, 15 for a draft trained on
+    for extra, minutes, said in (((), "9", "--minutes 9.0 is invalid: expected 0 < minutes <= 8 on cuda"),
+                                 (("--target-from", str(tmp_path / "first/b8")), "16",
+                                  "--minutes 16.0 is invalid: expected 0 < minutes <= 15 on cuda for a draft trained "
+                                  "on (--target-from)")):
+        r = subprocess.run([sys.executable, *base[:-4], "--device", "cuda", "--block-sizes", "8", "--out",
+                            str(tmp_path / "bad"), "--minutes", minutes, *extra], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+        assert r.returncode != 0 and said in r.stderr, r.stderr[-500:]
+    assert not (tmp_path / "bad").exists()
     r = subprocess.run([sys.executable, *base[:2], "h200", *base[3:], "--out", str(tmp_path / "bad"), "--minutes", "0.03",
                         "--target-from", str(tmp_path / "first/b8")], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})

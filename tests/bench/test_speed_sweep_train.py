@@ -18,7 +18,8 @@ def train(tmp: Path, **env: str) -> str:
     r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                             "SPEED_DIR": str(tmp / "speed"), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small",
-                            "TRAIN_MINUTES": "0.03", "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8", **env})
+                            "TRAIN_MINUTES": "0.03", "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 "
+                            "--accept-tokens 6", **env})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return r.stdout
 
@@ -27,6 +28,11 @@ def test_a_carried_pair_gets_a_distilled_draft_on_its_own_target_once(tmp_path):
     pair = tmp_path / "speed/pair"
     first = train(tmp_path)
     assert "training ended (rc 0)" in first
+    # each draft judged offline on the sweep's 1-request prompts: the chain and two trees
+    assert "draft b8 offline accept length on the speed sweep's 2 1-request prompts x 6 tokens" in first
+    accepts = json.loads((pair / "train.json").read_text())["drafts"]["b8"]["offline_accept"]
+    assert [a["tree"] for a in accepts] == ["chain b7 c1", "b32 c8", "b64 c8"]
+    assert all(1 <= a["accept_length"] <= 6 for a in accepts)
     target = (pair / "b8/target/model.safetensors").read_bytes()
     draft = (pair / "b8/draft/model.safetensors").read_bytes()
     assert "pair already trained" in train(tmp_path)                         # nothing asked: kept as it is
@@ -42,3 +48,21 @@ def test_a_carried_pair_gets_a_distilled_draft_on_its_own_target_once(tmp_path):
     assert "training ended (rc 0)" in again and "pair already trained" not in again
     assert (pair / "b8/target/model.safetensors").read_bytes() == target
     assert (pair / "b8/draft/model.safetensors").read_bytes() != redrafted
+
+
+def test_pack_draft_brings_back_only_the_draft_and_its_report(tmp_path):
+    """PACK=draft: b8/draft and train.json in draft.tgz parts (the carried target is not sent back again); PACK=1 the
+    whole pair; any other value is refused before anything runs."""
+    out = tmp_path / "out"
+    out.mkdir()
+    train(tmp_path, PACK="draft", OUT=str(out))
+    parts = sorted(out.iterdir())
+    assert [p.name for p in parts] == ["draft.tgz.partaa"]
+    listed = subprocess.run(["tar", "tzf", "-"], input=b"".join(p.read_bytes() for p in parts), capture_output=True,
+                            check=True).stdout.decode().split()
+    assert set(listed) >= {"pair/b8/draft/model.safetensors", "pair/train.json"}
+    assert not [n for n in listed if "target" in n]
+    r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "PACK": "yes", "SPEED_DIR": str(tmp_path / "never")})
+    assert r.returncode == 2 and "PACK=yes is invalid: expected 0 (nothing), 1 (the whole pair) or draft" in r.stderr
+    assert not (tmp_path / "never").exists()

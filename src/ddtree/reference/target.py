@@ -61,14 +61,35 @@ class TargetLM(nn.Module):
         hidden = torch.cat([captured[capture.index(i)] for i in capture], dim=-1) if capture else x[..., :0]
         return TargetOutput(logits=self.lm_head(self.norm(x)), hidden=hidden)
 
+    def working_cache(self, bs: int, slots: int) -> KVCache:
+        """new_cache, in the autocast dtype where autocast is on (K/V come out in it)."""
+        cache = self.new_cache(bs, slots)
+        kind = cache.k.device.type
+        if torch.is_autocast_enabled(kind):
+            dtype = torch.get_autocast_dtype(kind)
+            cache = KVCache(k=cache.k.to(dtype), v=cache.v.to(dtype))
+        return cache
+
     def forward_sequence(self, tokens: torch.Tensor, capture: tuple[int, ...] = ()) -> TargetOutput:
         """Training / offline form: causal pass over whole sequences tokens [bs, T] at positions 0..T-1."""
         bs, t = tokens.shape
         pos = torch.arange(t, device=tokens.device).expand(bs, t)
         causal = (pos[:, :, None] >= pos[:, None, :])                  # [bs, T, T]
-        cache = self.new_cache(bs, t)
-        kind = tokens.device.type
-        if torch.is_autocast_enabled(kind):                            # K/V come out in the autocast dtype
-            dtype = torch.get_autocast_dtype(kind)
-            cache = KVCache(k=cache.k.to(dtype), v=cache.v.to(dtype))
-        return self(tokens, pos, cache, pos, causal, capture=capture)
+        return self(tokens, pos, self.working_cache(bs, t), pos, causal, capture=capture)
+
+    @torch.no_grad()
+    def greedy_continue(self, prefix: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """prefix int64 [bs, P] followed by its greedy (argmax) continuation of new_tokens, decoded with a KV cache
+        -> int64 [bs, P + new_tokens]. Offline and training use (train_pair's distillation, offline checks)."""
+        bs, p = prefix.shape
+        total = p + new_tokens
+        cache = self.working_cache(bs, total)
+        slots = torch.arange(total, device=prefix.device)                           # [S]
+        pos = slots[:p].expand(bs, p)                                                 # [bs, P]
+        logits = self(prefix, pos, cache, pos, pos[:, :, None] >= slots).logits       # [bs, P, V]
+        out = [prefix, logits[:, -1].argmax(-1, keepdim=True)]                        # [bs, 1]
+        for t in range(p, total - 1):
+            at = slots[t:t + 1].expand(bs, 1)                                         # [bs, 1]
+            logits = self(out[-1], at, cache, at, at[:, :, None] >= slots).logits     # [bs, 1, V]
+            out.append(logits[:, -1].argmax(-1, keepdim=True))
+        return torch.cat(out, dim=1)[:, :total]
