@@ -14,7 +14,8 @@ runs max(24, 8 x load) of them (reused in turn) x --max-new-tokens at temperatur
 a warm-up of `load` short requests; each row is measured twice and the slower pass is the row (both walls kept).
 
 Phase 1: one server per setting, all started together, measured one at a time: NONE, DFLASH and DDTREE at the
---budgets (cap 8) and the chain (budget 7 cap 1: DFlash's chain through DDTREE's pipeline, equal to SGLang's DFLASH
+--budgets (cap 8) and the chain (budget block - 1, cap 1, the block the pair's draft has: 7 for a block-8 draft,
+15 for a block-16 one; DFlash's chain through DDTREE's pipeline, equal to SGLang's DFLASH
 token for token on the GPU), each with and without the overlap scheduler; every server takes 48 running requests with
 decode graphs up to 48.
 Phase 2: the schedule this sweep finds - per load the fixed tree (budget, cap) with the most tokens/s, switched at the
@@ -59,7 +60,7 @@ from ddtree.settings import DDTreeConfigError, Schedule, parse_schedule  # noqa:
 LOADS = (1, 8, 16, 32, 48)
 BUDGETS = (8, 16, 32, 64)
 CAP = 8
-CHAIN = (7, 1)      # budget block - 1, cap 1: DFlash's chain (the sweep's pair has block 8)
+CHAIN = (7, 1)      # budget block - 1, cap 1: DFlash's chain of a block-8 draft (chain_of: the pair's own)
 MAX_BS = 48
 OVERLAP = "-overlap"
 
@@ -100,10 +101,23 @@ def parse_modes(text: str) -> tuple[bool, ...]:
     return tuple(dict.fromkeys(MODES[w] for w in words))
 
 
+def chain_of(pair: Path) -> tuple[int, int]:
+    """DFlash's chain through DDTREE for the pair's draft: (block - 1, 1), the block from the exported draft's
+    config.json (ddtree.reference.export); ValueError naming the file when it has none."""
+    path = pair / "draft" / "config.json"
+    try:
+        block = int(json.loads(path.read_text())["block_size"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} gives no block_size ({type(err).__name__}: {err}): --pair must be a pair exported by "
+                         f"ddtree.reference.export") from None
+    return block - 1, 1
+
+
 def fixed_configs(budgets=BUDGETS, modes: tuple[bool, ...] = (False, True),
-                  chain: bool = True) -> list[servers.ServerConfig]:
-    """Phase 1: NONE, DFLASH, DDTREE at each budget (cap 8) and the chain, in each overlap mode of `modes`."""
-    trees = [(b, CAP) for b in budgets] + ([CHAIN] if chain else [])
+                  chain: tuple[int, int] | None = CHAIN) -> list[servers.ServerConfig]:
+    """Phase 1: NONE, DFLASH, DDTREE at each budget (cap 8) and the chain (None: without it), in each overlap mode of
+    `modes`."""
+    trees = [(b, CAP) for b in budgets] + ([chain] if chain else [])
     bases = ["none", "dflash", *(f"ddtree-b{b}-c{c}-graphs" for b, c in trees)]
     return [servers.config(f"{b}{OVERLAP if o else ''}-bs48") for b in bases for o in modes]
 
@@ -561,7 +575,8 @@ def main(argv=None) -> int:
                     help="measure this BUDGET[/CAP] schedule without the overlap scheduler")
     ap.add_argument("--schedule-on", default="", help="measure this BUDGET[/CAP] schedule with the overlap scheduler")
     ap.add_argument("--no-profile", action="store_true", help="phase 2 without the profiled servers")
-    ap.add_argument("--no-chain", action="store_true", help="phase 1 without the chain (budget 7 cap 1)")
+    ap.add_argument("--no-chain", action="store_true",
+                    help="phase 1 without the chain (budget block - 1, cap 1: 7 for a block-8 draft)")
     args = ap.parse_args(argv)
     loads = tuple(int(x) for x in args.loads.split(","))
     if max(loads) > MAX_BS or min(loads) < 1:
@@ -575,6 +590,10 @@ def main(argv=None) -> int:
     if args.phase == "schedule" and not row_files and set(given) != set(modes):
         ap.error(f"--phase schedule without --rows needs --schedule-off / --schedule-on for every mode of --modes "
                  f"{args.modes}: name the results.json of the --phase fixed jobs with --rows, or give the schedules")
+    try:
+        chain = chain_of(Path(args.pair))
+    except ValueError as err:
+        ap.error(str(err))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     heldout, seen = (json.loads(Path(p).read_text()) for p in (args.prompts, args.train_prompts))
@@ -585,7 +604,7 @@ def main(argv=None) -> int:
         fleet = servers.Fleet(Path(args.pair), out / "logs")
         try:                                       # NONE first: the reference
             measure_fleet(fleet, fixed_configs(tuple(int(b) for b in args.budgets.split(",")), modes,
-                                               not args.no_chain), prompts,
+                                               None if args.no_chain else chain), prompts,
                           loads, args.max_new_tokens, rows, out, args.start_timeout, references)
         finally:
             fleet.stop_all()

@@ -9,7 +9,9 @@
 #                                of its batches (train_pair.py --distill); on a pair already there (carried) only
 #                                its draft is trained again, on its target (--target-from), all TRAIN_MINUTES long;
 #                                REDRAFT=1 trains the draft of a pair already there on again even when its share is
-#                                DISTILL's (a draft that still accepts too little: 4 more minutes, say)
+#                                DISTILL's (a draft that still accepts too little: 4 more minutes, say); BLOCK=16 (default
+#                                8) the block-16 draft, in $PAIR/b16: on a pair already there a new draft on its target
+#                                (a draft of another block size cannot be trained on), which run then sweeps
 #   bench/speed_sweep.sh run [JOB] [sglang_speed.py options]
 #                                after staging: waits for the training, exports the pair to SGLang's formats and runs
 #                                bench/sglang_speed.py (NONE, DFLASH, DDTREE +- the overlap scheduler, the schedule it
@@ -19,10 +21,10 @@
 #                                schedule (phase 2 from the fixed jobs' rows on this machine); all (the default) runs
 #                                the whole sweep in one process (about 20 minutes). Each job's results: $RESULTS/JOB
 # Results: $OUT/speed.tgz (every job's table.md, results.json, schedule.json, server logs; train.json); PACK=1 also
-# writes the pair to $OUT/pair.tgz.part* (15 MiB parts) to be carried back; PACK=draft only its b8/draft and
+# writes the pair to $OUT/pair.tgz.part* (15 MiB parts) to be carried back; PACK=draft only its b$BLOCK/draft and
 # train.json to $OUT/draft.tgz.part* (2 parts: a carried pair's target is unchanged, put them over its parts here).
 # The training prints each draft's offline accept length on the sweep's 1-request prompts (train_pair.py: within
-# 0.04 of SGLang's on 2026-12-05's pair), so a redraft is judged before staging SGLang.
+# 0.05 of SGLang's on 2026-12-05's pair), so a redraft is judged before staging SGLang.
 set -u
 cd "$(dirname "$0")/.."
 case ${PACK:-0} in
@@ -33,6 +35,11 @@ esac
 . bench/carry.sh
 W=${SPEED_DIR:-/tmp/ddtree-speed}
 PAIR=$W/pair
+BLOCK=${BLOCK:-8}   # the draft's block size: the sweep runs the pair folder $PAIR/b$BLOCK
+case $BLOCK in
+  8|16) ;;
+  *) echo "BLOCK=$BLOCK is invalid: expected 8 or 16 (the draft's block size)" >&2; exit 2 ;;
+esac
 RESULTS=$W-out      # /tmp/ddtree-*/results.json: tests/gpu_sglang/bg.sh wait brings it back while the sweep runs
 mkdir -p "$W"
 t0=$(date +%s)
@@ -43,18 +50,27 @@ distilled_share() {   # the --distill share the pair's draft was trained with (0
     2>/dev/null || echo 0
 }
 
+kept_pair() {   # a pair folder already here whose target the training keeps (b8 first), or nothing
+  local b
+  for b in 8 16; do
+    [ -f "$PAIR/b$b/target/config.json" ] && [ -f "$PAIR/train_prompts.json" ] && { echo "$PAIR/b$b"; return; }
+  done
+}
+
 train() {
   [ -n "${UNPACK:-}" ] && carry_unpack pair "$UNPACK" "$W"
-  local trained=0 redraft=()
-  [ -f "$PAIR/b8/draft/model.safetensors" ] && [ -f "$PAIR/train_prompts.json" ] && trained=1
+  local trained=0 redraft=() kept
+  [ -f "$PAIR/b$BLOCK/draft/model.safetensors" ] && [ -f "$PAIR/train_prompts.json" ] && trained=1
   if [ "$trained" = 1 ] && [ "$(distilled_share)" = "${DISTILL:-0}" ] && [ "${REDRAFT:-0}" != 1 ]; then
     say "pair already trained: $PAIR"; return 0
   fi
-  [ "$trained" = 1 ] && redraft=(--target-from "$PAIR/b8")      # keep its target, train its draft again
+  # keep a pair's target and train its draft again (one of this block size: on from its weights; else a new one)
+  kept=$(kept_pair)
+  [ -n "$kept" ] && redraft=(--target-from "$kept")
   # TRAIN_SIZE, TRAIN_DEVICE and TRAIN_ARGS (more train_pair.py options) for a pair made elsewhere, e.g. the CPU test
   # shellcheck disable=SC2086
   PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 bench/train_pair.py --out "$PAIR" --size "${TRAIN_SIZE:-h200}" \
-    --minutes "${TRAIN_MINUTES:-8}" --block-sizes 8 --prompts 64 --train-prompts 64 --device "${TRAIN_DEVICE:-cuda}" \
+    --minutes "${TRAIN_MINUTES:-8}" --block-sizes "$BLOCK" --prompts 64 --train-prompts 64 --device "${TRAIN_DEVICE:-cuda}" \
     --distill "${DISTILL:-0}" "${redraft[@]}" ${TRAIN_ARGS:-} > "$W/train.log" 2>&1
   rc=$?
   grep -E "held-out|steps in|distill|greedy|offline accept" "$W/train.log"
@@ -90,12 +106,13 @@ run() {
   . .gpu-bundles/bin/env.sh
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   while [ -f /tmp/ddtree-train/log ] && [ ! -f /tmp/ddtree-train/rc ]; do sleep 5; done   # the background training
-  [ -f "$PAIR/b8/draft/model.safetensors" ] || train || return 1
+  [ -f "$PAIR/b$BLOCK/draft/model.safetensors" ] || train || return 1
   python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 | grep -vi warning
-  [ -d "$W/sglang-pair/target" ] || python3 -m ddtree.reference.export --pair "$PAIR/b8" --out "$W/sglang-pair" \
+  local exported=$W/sglang-pair-b$BLOCK
+  [ -d "$exported/target" ] || python3 -m ddtree.reference.export --pair "$PAIR/b$BLOCK" --out "$exported" \
     > "$W/export.log" 2>&1 || { cat "$W/export.log"; return 1; }
-  say "pair exported; the sweep's job $job starts"
-  python3 bench/sglang_speed.py --pair "$W/sglang-pair" --prompts "$PAIR/heldout_prompts.json" \
+  say "pair exported (block $BLOCK); the sweep's job $job starts"
+  python3 bench/sglang_speed.py --pair "$exported" --prompts "$PAIR/heldout_prompts.json" \
     --train-prompts "$PAIR/train_prompts.json" --out "$RESULTS/$job" "${args[@]}" "$@"
   rc=$?
   cp "$PAIR/train.json" "$W/train.log" "$RESULTS/" 2>/dev/null
@@ -107,7 +124,7 @@ run() {
 pack() {   # PACK=1: the whole pair; PACK=draft: its draft and train.json only (a carried pair's target is unchanged)
   [ -n "${OUT:-}" ] || return 0
   if [ "$PACK" = draft ]; then
-    carry_pack draft "$W" 0 pair/b8/draft pair/train.json
+    carry_pack draft "$W" 0 "pair/b$BLOCK/draft" pair/train.json
   else
     carry_pack pair "$W" 0 pair
   fi

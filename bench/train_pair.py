@@ -9,7 +9,8 @@ offset. Stages, each limited by its share of --minutes of wall time:
           then cosine decay over the stage's time);
   drafts  DFlashDraft per block size on the frozen target's hidden states: 16 anchors per window,
           each a block (root byte, then masks) that sees the context before its root; loss = mean
-          cross-entropy over depths 1..L.
+          cross-entropy over depths 1..L (--depth-decay D: position k weighted by exp(-(k - 1) / D), as DFlash
+          weights a block's early positions up);
   distill (--distill F, optional) a share F of the drafts' batches comes from the target's own greedy
           continuations of training windows (first half the corpus, second half the target's argmax tokens,
           anchors in the second half): at temperature 0 a draft is accepted where it predicts the target's
@@ -18,9 +19,9 @@ offset. Stages, each limited by its share of --minutes of wall time:
           and a draft of the same configuration in DIR/draft is trained on from its weights (a warm start).
   accept  with --train-prompts, each draft's accept length counted offline (ddtree.reference.offline) on the
           target's greedy answers to the speed sweep's 1-request prompts (bench/sglang_speed.py's mixed set):
-          DFLASH's chain and DDTREE b32 / b64 c8. On 2026-12-05's pair it came within 0.04 of what SGLang's server
-          reported for the same prompts (chain 3.83 / 3.83, b32 4.79 / 4.81, b64 5.04 / 5.08): a draft's check
-          without staging SGLang.
+          DFLASH's chain and DDTREE b32 / b64 c8. On 2026-12-05's redrafted pair (float32 on the CPU) it came
+          within 0.05 of what SGLang's server reported for the same prompts (H100, bf16: chain 3.82 / 3.83, b32
+          4.80 / 4.81, b64 5.03 / 5.08): a draft's check without staging SGLang.
 Writes DIR/b8 and DIR/b16 (each a pair directory load_pair reads: target/ + draft/),
 DIR/heldout_prompts.json (prompts cut from held-out files at line starts) and DIR/train.json
 (configuration, losses, held-out losses, per-depth draft top-1 accuracy, offline accept lengths); prints them.
@@ -150,10 +151,20 @@ def target_loss(target: TargetLM, x: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
 
 
+def depth_weights(depth: int, decay: float, device=None) -> torch.Tensor:
+    """[depth] loss weights of block positions 1..depth, mean 1: uniform for decay 0, else exp(-(k - 1) / decay),
+    DFlash's reweighting toward a block's early positions (a drafted token counts only when every earlier one in its
+    block was accepted)."""
+    k = torch.arange(depth, dtype=torch.float32, device=device)
+    w = torch.ones_like(k) if decay == 0 else torch.exp(-k / decay)
+    return w * depth / w.sum()
+
+
 def draft_loss(target: TargetLM, draft: DFlashDraft, x: torch.Tensor, anchors_per_seq: int,
-               gen: torch.Generator, low: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy over depths; also the per-depth top-1 accuracy [L]. Anchors (block roots) at positions
-    low .. t - depth - 1 (a distilled window's second half: every label a target's greedy token)."""
+               gen: torch.Generator, low: int = 1, decay: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy over depths, weighted by depth_weights(decay) (decay 0: the plain mean); also the per-depth
+    top-1 accuracy [L]. Anchors (block roots) at positions low .. t - depth - 1 (a distilled window's second half:
+    every label a target's greedy token)."""
     bs, t = x.shape
     depth = draft.config.block_size - 1
     with torch.no_grad():
@@ -162,7 +173,8 @@ def draft_loss(target: TargetLM, draft: DFlashDraft, x: torch.Tensor, anchors_pe
     logits = draft.block_logits(hidden, x, anchors)                                          # [bs, K, L, V]
     labels = x.gather(1, (anchors[:, :, None] + torch.arange(1, depth + 1, device=x.device)).reshape(bs, -1))
     labels = labels.view(bs, anchors_per_seq, depth)
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    each = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    loss = (each.view(bs, anchors_per_seq, depth) * depth_weights(depth, decay, x.device)).mean()
     accuracy = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))                       # [L]
     return loss, accuracy
 
@@ -305,6 +317,9 @@ def main(argv=None) -> int:
     ap.add_argument("--distill-windows", type=int, default=8192,
                     help="how many greedy continuations to generate (--seq tokens each, half of them greedy)")
     ap.add_argument("--target-from", help="a pair folder whose target/ is loaded instead of training one")
+    ap.add_argument("--depth-decay", type=float, default=0.0,
+                    help="weight the drafts' loss at block position k by exp(-(k - 1) / DECAY) (0: every position "
+                         "alike; held-out losses stay unweighted)")
     ap.add_argument("--accept-prompts", type=int, default=24,
                     help="with --train-prompts: each draft's offline accept length on the speed sweep's first this "
                          "many prompts (its 1-request row's set; 0: none)")
@@ -314,6 +329,9 @@ def main(argv=None) -> int:
     if not 0 < args.minutes <= MAX_MINUTES[kind]:
         ap.error(f"--minutes {args.minutes} is invalid: expected 0 < minutes <= {MAX_MINUTES[kind]:g} on "
                  f"{args.device}{' for a draft trained on (--target-from)' if args.target_from else ''}")
+    if args.depth_decay < 0:
+        ap.error(f"--depth-decay {args.depth_decay} is invalid: expected 0 (no weighting) or a positive decay length "
+                 "in block positions, e.g. 4")
     if not 0 <= args.distill <= 1:
         ap.error(f"--distill {args.distill} is invalid: expected a share 0..1 of the drafts' batches")
     if args.target_from and not (Path(args.target_from) / "target" / "config.json").is_file():
@@ -344,7 +362,7 @@ def main(argv=None) -> int:
               "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
               "target_config": asdict(target_cfg), "heldout_files": corpus.heldout_files,
               "train_files": corpus.train_files, "drafts": {}, "target_from": args.target_from,
-              "distill": args.distill}
+              "distill": args.distill, "depth_decay": args.depth_decay}
     draft_share = 1.0 if args.target_from else 0.45
     if not args.target_from:
         report["target_losses"] = train(
@@ -375,8 +393,9 @@ def main(argv=None) -> int:
         def step(data=train_data, d=draft):
             if distilled is not None and torch.rand((), generator=gen).item() < args.distill:
                 return draft_loss(target, d, pick_rows(distilled, args.batch // 2, gen), 16, gen,
-                                  low=args.seq // 2 - 1)[0]
-            return draft_loss(target, d, windows(data, args.batch // 2, args.seq, gen), 16, gen)[0]
+                                  low=args.seq // 2 - 1, decay=args.depth_decay)[0]
+            return draft_loss(target, d, windows(data, args.batch // 2, args.seq, gen), 16, gen,
+                              decay=args.depth_decay)[0]
 
         losses = train(draft, list(draft.parameters()), step, draft_share * budget / len(blocks), 2e-3, 100,
                        f"draft b{block}")

@@ -66,3 +66,27 @@ def test_pack_draft_brings_back_only_the_draft_and_its_report(tmp_path):
                        env={"PATH": "/usr/bin:/bin", "PACK": "yes", "SPEED_DIR": str(tmp_path / "never")})
     assert r.returncode == 2 and "PACK=yes is invalid: expected 0 (nothing), 1 (the whole pair) or draft" in r.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_block_16_trains_a_new_draft_on_the_kept_target(tmp_path):
+    """BLOCK=16 on a block-8 pair: a block-16 draft (a draft of another block cannot be trained on) on the same
+    target, in pair/b16; a block size the sweep does not know is refused."""
+    pair = tmp_path / "speed/pair"
+    train(tmp_path)
+    out = train(tmp_path, BLOCK="16")
+    assert "training ended (rc 0)" in out and "chain b15 c1" in out
+    report = json.loads((pair / "train.json").read_text())
+    assert report["target_from"] == str(pair / "b8") and report["drafts"]["b16"]["warm_start"] is None
+    assert json.loads((pair / "b16/draft/config.json").read_text())["dflash_config"]["block_size"] == 16
+    assert (pair / "b16/target/model.safetensors").read_bytes() == (pair / "b8/target/model.safetensors").read_bytes()
+    # exported as the sweep's run exports it, the pair's chain is DFLASH's block-16 chain: budget 15
+    subprocess.run([sys.executable, "-m", "ddtree.reference.export", "--pair", str(pair / "b16"), "--out",
+                    str(tmp_path / "exported")], cwd=ROOT, check=True, capture_output=True, timeout=300,
+                   env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    from tests.helpers import import_bench
+
+    assert import_bench("sglang_speed").chain_of(tmp_path / "exported") == (15, 1)
+    r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "BLOCK": "12", "SPEED_DIR": str(tmp_path / "never")})
+    assert r.returncode == 2 and "BLOCK=12 is invalid: expected 8 or 16" in r.stderr
+    assert not (tmp_path / "never").exists()

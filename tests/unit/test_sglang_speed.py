@@ -4,6 +4,8 @@ issue's targets, the jobs the sweep is split into, the twins measured in turn, t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.helpers import import_bench
@@ -121,7 +123,18 @@ def test_modes_parse_and_a_bad_one_is_named():
     names = [c.name for c in speed.fixed_configs((16, 32), (True,))]
     assert names == ["none-overlap-bs48", "dflash-overlap-bs48", "ddtree-b16-c8-graphs-overlap-bs48",
                      "ddtree-b32-c8-graphs-overlap-bs48", "ddtree-b7-c1-graphs-overlap-bs48"]
-    assert len(speed.fixed_configs((16, 32), (False, True), chain=False)) == 8
+    assert len(speed.fixed_configs((16, 32), (False, True), chain=None)) == 8
+
+
+def test_the_chain_is_the_pairs_own_block(tmp_path):
+    """A block-16 draft's chain is budget 15 (DFLASH's own block); a pair without an exported draft is named."""
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft/config.json").write_text(json.dumps({"block_size": 16, "dflash_config": {"block_size": 16}}))
+    assert speed.chain_of(tmp_path) == (15, 1)
+    names = [c.name for c in speed.fixed_configs((32,), (False,), speed.chain_of(tmp_path))]
+    assert names[-1] == "ddtree-b15-c1-graphs-bs48"
+    with pytest.raises(ValueError, match=r"nowhere/draft/config.json gives no block_size .*exported by"):
+        speed.chain_of(tmp_path / "nowhere")
 
 
 def test_twins_are_the_fixed_servers_of_the_schedules_budgets_under_names_of_their_own():
