@@ -362,7 +362,7 @@ def main(argv=None) -> int:
               "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
               "target_config": asdict(target_cfg), "heldout_files": corpus.heldout_files,
               "train_files": corpus.train_files, "drafts": {}, "target_from": args.target_from,
-              "distill": args.distill, "depth_decay": args.depth_decay}
+              "distill": args.distill, "depth_decay": args.depth_decay, "batch": args.batch}
     draft_share = 1.0 if args.target_from else 0.45
     if not args.target_from:
         report["target_losses"] = train(
