@@ -50,6 +50,11 @@ distilled_share() {   # the --distill share the pair's draft was trained with (0
     2>/dev/null || echo 0
 }
 
+distilled_as_asked() {   # the pair's share is DISTILL's, as numbers (train.json writes 1.0 for DISTILL=1)
+  python3 -c "import sys; sys.exit(float(sys.argv[1]) != float(sys.argv[2]))" "$(distilled_share)" "${DISTILL:-0}" \
+    2>/dev/null
+}
+
 kept_pair() {   # a pair folder already here whose target the training keeps (b8 first), or nothing
   local b
   for b in 8 16; do
@@ -61,7 +66,7 @@ train() {
   [ -n "${UNPACK:-}" ] && carry_unpack pair "$UNPACK" "$W"
   local trained=0 redraft=() kept
   [ -f "$PAIR/b$BLOCK/draft/model.safetensors" ] && [ -f "$PAIR/train_prompts.json" ] && trained=1
-  if [ "$trained" = 1 ] && [ "$(distilled_share)" = "${DISTILL:-0}" ] && [ "${REDRAFT:-0}" != 1 ]; then
+  if [ "$trained" = 1 ] && distilled_as_asked && [ "${REDRAFT:-0}" != 1 ]; then
     say "pair already trained: $PAIR"; return 0
   fi
   # keep a pair's target and train its draft again (one of this block size: on from its weights; else a new one)
