@@ -66,8 +66,8 @@ def best(found: list[Trained]) -> Trained:
 
 
 def table(rows: list[Trained | tuple[str, str]]) -> str:
-    lines = ["| folder | block | distill | depth decay | batch | minutes | draft steps | DFLASH chain | b32 c8 | b64 c8 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| folder | block | distill | depth decay | batch | minutes | draft steps | DFLASH chain | b32 c8 "
+             "| b64 c8 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if isinstance(r, Trained):
             lines.append(f"| {r.folder} | {r.block} | {r.distill:g} | {r.depth_decay:g} | {r.batch or '-'} | "

@@ -27,7 +27,9 @@ carry_unpack pair "$tmp/parts" "$tmp/pair" || exit 1
 carry_unpack draft "$drafts" "$tmp/new" || exit 1
 mapfile -t blocks < <(cd "$tmp/new/pair" && ls -d b*/draft 2>/dev/null)
 if [ ${#blocks[@]} -ne 1 ] || [ ! -f "$tmp/new/pair/train.json" ]; then
-  echo "put_draft.sh: $drafts/draft.tgz.part* hold ${blocks[*]:-no draft} and $( [ -f "$tmp/new/pair/train.json" ] && echo a train.json || echo no train.json): expected one pair/bN/draft and pair/train.json (speed_sweep.sh PACK=draft)" >&2
+  report=no; [ -f "$tmp/new/pair/train.json" ] && report=a
+  echo "put_draft.sh: $drafts/draft.tgz.part* hold ${blocks[*]:-no draft} and $report train.json: expected one" \
+    "pair/bN/draft and pair/train.json (speed_sweep.sh PACK=draft)" >&2
   exit 1
 fi
 block=${blocks[0]%/draft}
@@ -36,7 +38,8 @@ if [ -z "$target" ]; then
   echo "put_draft.sh: the carried pair in ${pair_dirs[*]} has no bN/target" >&2; exit 1
 fi
 kept=${target%/target}
-if [ "$block" != "$kept" ]; then      # a draft of another block size: its own folder with the target, the old one dropped
+# a draft of another block size: its own folder with the target, the old one dropped
+if [ "$block" != "$kept" ]; then
   mkdir -p "$tmp/pair/pair/$block"
   cp -r "$tmp/pair/pair/$target" "$tmp/pair/pair/$block/"
   rm -rf "${tmp:?}/pair/pair/$kept"

@@ -9,9 +9,9 @@
 #                                of its batches (train_pair.py --distill); on a pair already there (carried) only
 #                                its draft is trained again, on its target (--target-from), all TRAIN_MINUTES long;
 #                                REDRAFT=1 trains the draft of a pair already there on again even when its share is
-#                                DISTILL's (a draft that still accepts too little: 4 more minutes, say); BLOCK=16 (default
-#                                8) the block-16 draft, in $PAIR/b16: on a pair already there a new draft on its target
-#                                (a draft of another block size cannot be trained on), which run then sweeps
+#                                DISTILL's (a draft that still accepts too little: 4 more minutes, say); BLOCK=16
+#                                (default 8) the block-16 draft, in $PAIR/b16: on a pair already there a new draft on
+#                                its target (a draft of another block size cannot be trained on), which run then sweeps
 #   bench/speed_sweep.sh run [JOB] [sglang_speed.py options]
 #                                after staging: waits for the training, exports the pair to SGLang's formats and runs
 #                                bench/sglang_speed.py (NONE, DFLASH, DDTREE +- the overlap scheduler, the schedule it
@@ -75,8 +75,8 @@ train() {
   # TRAIN_SIZE, TRAIN_DEVICE and TRAIN_ARGS (more train_pair.py options) for a pair made elsewhere, e.g. the CPU test
   # shellcheck disable=SC2086
   PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 bench/train_pair.py --out "$PAIR" --size "${TRAIN_SIZE:-h200}" \
-    --minutes "${TRAIN_MINUTES:-8}" --block-sizes "$BLOCK" --prompts 64 --train-prompts 64 --device "${TRAIN_DEVICE:-cuda}" \
-    --distill "${DISTILL:-0}" "${redraft[@]}" ${TRAIN_ARGS:-} > "$W/train.log" 2>&1
+    --minutes "${TRAIN_MINUTES:-8}" --block-sizes "$BLOCK" --prompts 64 --train-prompts 64 \
+    --device "${TRAIN_DEVICE:-cuda}" --distill "${DISTILL:-0}" "${redraft[@]}" ${TRAIN_ARGS:-} > "$W/train.log" 2>&1
   rc=$?
   grep -E "held-out|steps in|distill|greedy|offline accept" "$W/train.log"
   say "training ended (rc $rc)"

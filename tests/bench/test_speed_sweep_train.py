@@ -18,8 +18,9 @@ def train(tmp: Path, **env: str) -> str:
     r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                             "SPEED_DIR": str(tmp / "speed"), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small",
-                            "TRAIN_MINUTES": "0.03", "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 "
-                            "--accept-tokens 6", **env})
+                            "TRAIN_MINUTES": "0.03",
+                            "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 --accept-tokens 6",
+                            **env})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return r.stdout
 
