@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,19 +27,10 @@ class Trained:
     depth_decay: float
     batch: int | None
     minutes: float
-    steps: int | None                # the draft's optimiser steps (from the training log), when logged
+    steps: int | None                # the draft's optimiser steps (train.json; None from an older train_pair.py)
     chain: float                     # DFLASH's chain, offline accept length
     b32: float
     b64: float
-
-
-def draft_steps(log: Path, block: int) -> int | None:
-    """`draft bN: S steps in Ts` from the training log."""
-    try:
-        found = re.findall(rf"draft b{block}: (\d+) steps in", log.read_text())
-    except OSError:
-        return None
-    return int(found[-1]) if found else None
 
 
 def read_trained(folder: Path) -> Trained | str:
@@ -57,7 +47,7 @@ def read_trained(folder: Path) -> Trained | str:
     block = int(name[1:])
     accept = {a["tree"].split()[0]: a["accept_length"] for a in draft["offline_accept"]}
     return Trained(str(folder), block, report.get("distill", 0), report.get("depth_decay", 0), report.get("batch"),
-                   report.get("minutes", 0), draft_steps(folder / "train.log", block), accept["chain"],
+                   report.get("minutes", 0), draft.get("steps"), accept["chain"],
                    accept["b32"], accept["b64"])
 
 

@@ -45,14 +45,14 @@ mkdir -p "$W"
 t0=$(date +%s)
 say() { echo "[speed $(( $(date +%s) - t0 )) s] $*"; }
 
-distilled_share() {   # the --distill share the pair's draft was trained with (0 when none or no pair)
-  python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('distill') or 0)" "$PAIR/train.json" \
-    2>/dev/null || echo 0
-}
-
-distilled_as_asked() {   # the pair's share is DISTILL's, as numbers (train.json writes 1.0 for DISTILL=1)
-  python3 -c "import sys; sys.exit(float(sys.argv[1]) != float(sys.argv[2]))" "$(distilled_share)" "${DISTILL:-0}" \
-    2>/dev/null
+distilled_as_asked() {   # the --distill share the pair's draft was trained with (0 when none or no train.json) is
+  # DISTILL's, compared as numbers (train.json writes 1.0 for DISTILL=1)
+  python3 - "$PAIR/train.json" "${DISTILL:-0}" 2>/dev/null <<'PY'
+import json, os, sys
+path, asked = sys.argv[1:]
+share = json.load(open(path)).get("distill") or 0 if os.path.exists(path) else 0
+sys.exit(float(share) != float(asked))
+PY
 }
 
 kept_pair() {   # a pair folder already here whose target the training keeps (b8 first), or nothing

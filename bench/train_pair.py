@@ -179,7 +179,13 @@ def draft_loss(target: TargetLM, draft: DFlashDraft, x: torch.Tensor, anchors_pe
     return loss, accuracy
 
 
-def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int, name: str) -> list[float]:
+@dataclass
+class TrainRun:
+    losses: list[float]      # every log_every-th step's loss
+    steps: int               # optimiser steps taken in the stage's time
+
+
+def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int, name: str) -> TrainRun:
     opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     start, losses, step = time.perf_counter(), [], 0
     while (elapsed := time.perf_counter() - start) < seconds:
@@ -196,7 +202,7 @@ def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int
             losses.append(float(loss))
             print(f"{name} step {step:5d} {elapsed:6.1f}s loss {losses[-1]:.4f}", flush=True)
     print(f"{name}: {step} steps in {time.perf_counter() - start:.0f}s", flush=True)
-    return losses
+    return TrainRun(losses, step)
 
 
 @torch.no_grad()
@@ -368,7 +374,7 @@ def main(argv=None) -> int:
         report["target_losses"] = train(
             target, list(target.parameters()),
             lambda: target_loss(target, windows(train_data, args.batch, args.seq + 1, gen)),
-            0.55 * budget, 1.5e-3, 100, "target")
+            0.55 * budget, 1.5e-3, 100, "target").losses
     target.eval().requires_grad_(False)
     distilled = held_greedy = None
     if args.distill > 0:
@@ -397,8 +403,8 @@ def main(argv=None) -> int:
             return draft_loss(target, d, windows(data, args.batch // 2, args.seq, gen), 16, gen,
                               decay=args.depth_decay)[0]
 
-        losses = train(draft, list(draft.parameters()), step, draft_share * budget / len(blocks), 2e-3, 100,
-                       f"draft b{block}")
+        run = train(draft, list(draft.parameters()), step, draft_share * budget / len(blocks), 2e-3, 100,
+                    f"draft b{block}")
         draft.eval()
         with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16,
                                              enabled=dev.type == "cuda"):
@@ -406,8 +412,9 @@ def main(argv=None) -> int:
                        for _ in range(10)]
         held_loss = sum(float(r[0]) for r in results) / len(results)
         accuracy = (sum(r[1] for r in results) / len(results)).tolist()
-        report["drafts"][f"b{block}"] = {"config": asdict(draft_cfg), "warm_start": warm_from, "losses": losses,
-                                         "heldout_loss": held_loss, "heldout_top1_by_depth": accuracy}
+        report["drafts"][f"b{block}"] = {"config": asdict(draft_cfg), "warm_start": warm_from, "losses": run.losses,
+                                         "steps": run.steps, "heldout_loss": held_loss,
+                                         "heldout_top1_by_depth": accuracy}
         print(f"draft b{block} held-out loss {held_loss:.4f}; top-1 by depth "
               + " ".join(f"{a:.2f}" for a in accuracy), flush=True)
         if held_greedy is not None:          # what acceptance at temperature 0 follows: the target's own tokens

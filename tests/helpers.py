@@ -138,3 +138,21 @@ def self_signed(folder, name: str = "k26-gateway.test"):
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path
+
+
+def speed_sweep_train(speed_dir, **env: str) -> str:
+    """`bench/speed_sweep.sh train` in SPEED_DIR=speed_dir on the CPU: the small size, seconds of training, two
+    prompts for the offline accept count; `env` adds or overrides variables. Its stdout; the run must succeed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=root, capture_output=True, text=True,
+                       timeout=300, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+                                         "SPEED_DIR": str(speed_dir), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small",
+                                         "TRAIN_MINUTES": "0.03",
+                                         "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 "
+                                                       "--accept-tokens 6", **env})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return r.stdout

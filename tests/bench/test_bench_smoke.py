@@ -69,6 +69,7 @@ def test_a_draft_distilled_on_a_loaded_targets_greedy_tokens(tmp_path):
     assert report["distill"] == 0.5 and report["distill_windows"] == 8 and "target_losses" not in report
     assert len(report["drafts"]["b8"]["heldout_greedy_top1_by_depth"]) == 7
     assert report["drafts"]["b8"]["warm_start"] == str(tmp_path / "first/b8/draft")    # trained on, not anew
+    assert report["drafts"]["b8"]["steps"] > 0 and f"draft b8: {report['drafts']['b8']['steps']} steps in" in out
     assert "trained on from" in out
     weights = [(tmp_path / d / "b8/target/model.safetensors").read_bytes() for d in ("first", "second")]
     assert weights[0] == weights[1]

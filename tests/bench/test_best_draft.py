@@ -19,9 +19,7 @@ def trained(folder: Path, block: int, chain: float, b64: float, steps: int | Non
               {"tree": "b64 c8", "accept_length": b64, "seen": 0, "heldout": 0}]
     (folder / "pair/train.json").write_text(json.dumps({
         "distill": 1.0, "depth_decay": 4.0, "batch": 128, "minutes": 13.0,
-        "drafts": {f"b{block}": {"offline_accept": accept}}}))
-    if steps:
-        (folder / "train.log").write_text(f"distill: ...\ndraft b{block}: {steps} steps in 700s\n")
+        "drafts": {f"b{block}": {"offline_accept": accept, **({"steps": steps} if steps else {})}}}))
     return folder
 
 

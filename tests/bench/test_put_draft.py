@@ -5,24 +5,15 @@ draft takes the target into its own folder; a missing part or a used output fold
 from __future__ import annotations
 
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import speed_sweep_train
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small",
-       "TRAIN_MINUTES": "0.03", "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 "
-                                               "--accept-tokens 6"}
-
-
-def sweep_train(speed: Path, **env: str) -> str:
-    r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**ENV, "SPEED_DIR": str(speed), **env})
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return r.stdout
 
 
 def put(*args: Path) -> subprocess.CompletedProcess:
@@ -42,7 +33,7 @@ def carried(tmp_path_factory) -> tuple[Path, Path]:
     """A block-8 pair packed in parts (as carried), split over two folders like .gpu-pairs/speed-d1 and -d2."""
     tmp = tmp_path_factory.mktemp("carried")
     (tmp / "parts").mkdir()
-    sweep_train(tmp / "speed", PACK="1", OUT=str(tmp / "parts"))
+    speed_sweep_train(tmp / "speed", PACK="1", OUT=str(tmp / "parts"))
     parts = sorted((tmp / "parts").iterdir())
     (tmp / "d1").mkdir(), (tmp / "d2").mkdir()
     for i, part in enumerate(parts):
@@ -57,7 +48,7 @@ def test_a_draft_brought_back_alone_goes_over_its_target(tmp_path, carried, bloc
     for part in [*d1.iterdir(), *d2.iterdir()]:
         (tmp_path / "all" / part.name).write_bytes(part.read_bytes())
     (tmp_path / "draft").mkdir()
-    sweep_train(tmp_path / "gpu", UNPACK=str(tmp_path / "all"), PACK="draft", OUT=str(tmp_path / "draft"),
+    speed_sweep_train(tmp_path / "gpu", UNPACK=str(tmp_path / "all"), PACK="draft", OUT=str(tmp_path / "draft"),
                 REDRAFT="1", DISTILL="1", BLOCK=block)
     r = put(d1, d2, tmp_path / "draft", tmp_path / "new")
     assert r.returncode == 0, r.stderr
@@ -71,7 +62,7 @@ def test_a_draft_brought_back_alone_goes_over_its_target(tmp_path, carried, bloc
     sums = (tmp_path / "new/pair-sums.txt").read_text()
     assert all(p.name in sums for p in (tmp_path / "new").glob("pair.tgz.part*"))
     # the next session carries the new parts: the pair is there, trained, nothing trains again
-    out = sweep_train(tmp_path / "next", UNPACK=str(tmp_path / "new"), DISTILL="1", BLOCK=block)
+    out = speed_sweep_train(tmp_path / "next", UNPACK=str(tmp_path / "new"), DISTILL="1", BLOCK=block)
     assert "pair already trained" in out
 
 

@@ -10,19 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import import_bench, speed_sweep_train
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 def train(tmp: Path, **env: str) -> str:
-    r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-                            "SPEED_DIR": str(tmp / "speed"), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small",
-                            "TRAIN_MINUTES": "0.03",
-                            "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 --accept-tokens 6",
-                            **env})
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return r.stdout
+    return speed_sweep_train(tmp / "speed", **env)
 
 
 def test_a_carried_pair_gets_a_distilled_draft_on_its_own_target_once(tmp_path):
@@ -84,8 +79,6 @@ def test_block_16_trains_a_new_draft_on_the_kept_target(tmp_path):
     subprocess.run([sys.executable, "-m", "ddtree.reference.export", "--pair", str(pair / "b16"), "--out",
                     str(tmp_path / "exported")], cwd=ROOT, check=True, capture_output=True, timeout=300,
                    env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
-    from tests.helpers import import_bench
-
     assert import_bench("sglang_speed").chain_of(tmp_path / "exported") == (15, 1)
     r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "BLOCK": "12", "SPEED_DIR": str(tmp_path / "never")})
