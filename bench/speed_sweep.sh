@@ -20,6 +20,10 @@
 #                                run back to back on one machine): fixed-off, fixed-on (phase 1 in each overlap mode),
 #                                schedule (phase 2 from the fixed jobs' rows on this machine); all (the default) runs
 #                                the whole sweep in one process (about 20 minutes). Each job's results: $RESULTS/JOB
+#   bench/speed_sweep.sh snapshot
+#                                while (or after) a training run with SNAPSHOT_EVERY=S: its draft so far to
+#                                $OUT/<SPEED_DIR's name>/draft.tgz.part* (bench/put_draft.sh takes them like PACK=draft's):
+#                                a machine taken back mid-training keeps what the last call brought back
 # Results: $OUT/speed.tgz (every job's table.md, results.json, schedule.json, server logs; train.json); PACK=1 also
 # writes the pair to $OUT/pair.tgz.part* (15 MiB parts) to be carried back; PACK=draft only its b$BLOCK/draft and
 # train.json to $OUT/draft.tgz.part* (2 parts: a carried pair's target is unchanged, put them over its parts here).
@@ -64,19 +68,23 @@ kept_pair() {   # a pair folder already here whose target the training keeps (b8
 
 train() {
   [ -n "${UNPACK:-}" ] && carry_unpack pair "$UNPACK" "$W"
-  local trained=0 redraft=() kept
+  local trained=0 extra=() kept
   [ -f "$PAIR/b$BLOCK/draft/model.safetensors" ] && [ -f "$PAIR/train_prompts.json" ] && trained=1
   if [ "$trained" = 1 ] && distilled_as_asked && [ "${REDRAFT:-0}" != 1 ]; then
     say "pair already trained: $PAIR"; return 0
   fi
   # keep a pair's target and train its draft again (one of this block size: on from its weights; else a new one)
   kept=$(kept_pair)
-  [ -n "$kept" ] && redraft=(--target-from "$kept")
+  [ -n "$kept" ] && extra=(--target-from "$kept")
+  # SNAPSHOT_EVERY=S: the draft so far every S seconds in $W/snapshot (speed_sweep.sh snapshot brings it back);
+  # DISTILL_CACHE=FILE: trainings side by side on one carried target generate its greedy continuations once
+  [ -n "${SNAPSHOT_EVERY:-}" ] && extra+=(--snapshot-every "$SNAPSHOT_EVERY" --snapshot-dir "$W/snapshot")
+  [ -n "${DISTILL_CACHE:-}" ] && extra+=(--distill-cache "$DISTILL_CACHE")
   # TRAIN_SIZE, TRAIN_DEVICE and TRAIN_ARGS (more train_pair.py options) for a pair made elsewhere, e.g. the CPU test
   # shellcheck disable=SC2086
   PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 bench/train_pair.py --out "$PAIR" --size "${TRAIN_SIZE:-h200}" \
     --minutes "${TRAIN_MINUTES:-8}" --block-sizes "$BLOCK" --prompts 64 --train-prompts 64 \
-    --device "${TRAIN_DEVICE:-cuda}" --distill "${DISTILL:-0}" "${redraft[@]}" ${TRAIN_ARGS:-} > "$W/train.log" 2>&1
+    --device "${TRAIN_DEVICE:-cuda}" --distill "${DISTILL:-0}" "${extra[@]}" ${TRAIN_ARGS:-} > "$W/train.log" 2>&1
   rc=$?
   grep -E "held-out|steps in|distill|greedy|offline accept" "$W/train.log"
   say "training ended (rc $rc)"
@@ -135,8 +143,22 @@ pack() {   # PACK=1: the whole pair; PACK=draft: its draft and train.json only (
   fi
 }
 
+snapshot() {   # the newest draft snapshot of a training (SNAPSHOT_EVERY) to $OUT/<SPEED_DIR's name>/draft.tgz.part*,
+  # laid out as PACK=draft's parts (pair/bN/draft, pair/train.json) for put_draft.sh; one part (bf16 weights)
+  local to
+  to=${OUT:?speed_sweep.sh snapshot: OUT is not set (the device sets it)}/$(basename "$W")
+  if [ ! -e "$W/snapshot/current/pair/train.json" ]; then
+    echo "speed_sweep.sh snapshot: $W/snapshot/current holds no snapshot yet (train with SNAPSHOT_EVERY=S, and" \
+      "wait S seconds into the draft's training)" >&2
+    return 1
+  fi
+  mkdir -p "$to"
+  OUT=$to carry_pack draft "$W/snapshot/current" 0 pair
+}
+
 case ${1:-} in
   train) shift; train; rc=$?; [ "${PACK:-0}" != 0 ] && pack; exit $rc ;;
+  snapshot) snapshot; exit $? ;;
   run) shift; run "$@"; rc=$?; [ "${PACK:-0}" != 0 ] && pack; exit $rc ;;
-  *) echo "usage: $0 train | run [fixed-off | fixed-on | schedule | all] [sglang_speed.py options]" >&2; exit 2 ;;
+  *) echo "usage: $0 train | snapshot | run [fixed-off | fixed-on | schedule | all] [sglang_speed.py options]" >&2; exit 2 ;;
 esac

@@ -30,22 +30,28 @@ DIR/heldout_prompts.json (prompts cut from held-out files at line starts) and DI
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
 import math
 import random
+import shutil
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from ddtree.reference.config import DraftConfig, TargetConfig, load_config
 from ddtree.reference.draft import DFlashDraft
-from ddtree.reference.pair import Pair, load_draft, load_target, save_pair
+from ddtree.reference.pair import Pair, load_draft, load_target, save_model, save_pair
 from ddtree.reference.target import TargetLM
 from ddtree.reference.tokenizer import ByteTokenizer
 
@@ -185,9 +191,12 @@ class TrainRun:
     steps: int               # optimiser steps taken in the stage's time
 
 
-def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int, name: str) -> TrainRun:
+def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int, name: str,
+          tick: Callable[[TrainRun], None] | None = None, tick_every: float = 0.0) -> TrainRun:
+    """AdamW for `seconds` of wall time; `tick` (a snapshot) is called with the run so far every `tick_every`
+    seconds and once at the end."""
     opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
-    start, losses, step = time.perf_counter(), [], 0
+    start, losses, step, ticked = time.perf_counter(), [], 0, 0.0
     while (elapsed := time.perf_counter() - start) < seconds:
         for group in opt.param_groups:
             group["lr"] = lr_at(elapsed / seconds, peak_lr)
@@ -201,8 +210,44 @@ def train(model, params, loss_fn, seconds: float, peak_lr: float, log_every: int
         if step % log_every == 0:
             losses.append(float(loss))
             print(f"{name} step {step:5d} {elapsed:6.1f}s loss {losses[-1]:.4f}", flush=True)
+        if tick is not None and elapsed - ticked >= tick_every:
+            tick(TrainRun(list(losses), step))
+            ticked = elapsed
     print(f"{name}: {step} steps in {time.perf_counter() - start:.0f}s", flush=True)
+    if tick is not None:
+        tick(TrainRun(list(losses), step))
     return TrainRun(losses, step)
+
+
+@dataclass
+class Snapshots:
+    """A draft's weights so far, written every `every` seconds of its training (and at its end) to
+    dir/s<block>-<steps>/pair/b<block>/draft (bf16: one carried part) beside pair/train.json (the report so far, the
+    draft's entry marked "snapshot"), and dir/current swapped to it (a symlink replaced in one rename; the two newest
+    kept, so a packer reading the older one still finds it): a machine taken back mid-training leaves what was
+    trained so far to bring back (speed_sweep.sh snapshot), put over the pair (put_draft.sh) and trained on."""
+
+    dir: Path
+    every: float              # seconds
+
+    def write(self, draft: DFlashDraft, report: dict, block: int, run: TrainRun, seconds: float) -> Path:
+        d = self.dir / f"s{block}-{run.steps:06d}"
+        save_model(draft, TOK, d / "pair" / f"b{block}" / "draft", dtype=torch.bfloat16)
+        snap = json.loads(json.dumps(report))
+        snap["drafts"][f"b{block}"] = {"config": asdict(draft.config), "losses": run.losses, "steps": run.steps,
+                                       "snapshot": {"seconds": round(seconds, 1), "dtype": "bfloat16"}}
+        (d / "pair" / "train.json").write_text(json.dumps(snap, indent=1))
+        link = self.dir / "current.new"
+        link.unlink(missing_ok=True)
+        link.symlink_to(d.name)
+        link.replace(self.dir / "current")
+        for old in sorted(self.dir.glob(f"s{block}-*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        return d
+
+    def tick(self, draft: DFlashDraft, report: dict, block: int) -> Callable[[TrainRun], None]:
+        began = time.perf_counter()
+        return lambda run: self.write(draft, report, block, run, time.perf_counter() - began)
 
 
 @torch.no_grad()
@@ -216,6 +261,35 @@ def greedy_windows(target: TargetLM, data: torch.Tensor, count: int, length: int
         rows = [target.greedy_continue(windows(data, min(chunk, count - start), half, gen), length - half)
                 for start in range(0, count, chunk)]                                        # [c, length] each
     return torch.cat(rows)
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def cached_greedy_windows(target: TargetLM, data: torch.Tensor, count: int, length: int, gen: torch.Generator,
+                          cache: Path, target_file: Path) -> torch.Tensor:
+    """greedy_windows through a file: read from `cache` when it was made from the same target weights (target_file's
+    sha256) with as many windows of this length, else generated and written there. An exclusive lock on cache.lock
+    lets trainings started side by side on one target generate them once (the others wait, then read). int64
+    [count, length] on data's device."""
+    digest = file_digest(target_file)
+    with open(f"{cache}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if Path(cache).exists():
+            kept = load_file(str(cache))["windows"]                                    # int16 [N, length]
+            made_from = safe_open(str(cache), "pt").metadata().get("target_sha256")
+            if made_from != digest or kept.shape[1] != length or kept.shape[0] < count:
+                raise SystemExit(f"--distill-cache {cache} is invalid here: it holds {kept.shape[0]} windows of "
+                                 f"{kept.shape[1]} tokens from target {made_from}, asked {count} of {length} from "
+                                 f"target {digest} ({target_file}); remove it or give another file")
+            print(f"distill: {count} greedy continuations read from {cache}", flush=True)
+            return kept[:count].to(device=data.device, dtype=torch.int64)
+        made = greedy_windows(target, data, count, length, gen)                                # [count, length]
+        partial = Path(f"{cache}.partial")
+        save_file({"windows": made.to(torch.int16).cpu()}, str(partial), metadata={"target_sha256": digest})
+        partial.replace(cache)
+        return made
 
 
 @dataclass
@@ -330,6 +404,12 @@ def main(argv=None) -> int:
                     help="with --train-prompts: each draft's offline accept length on the speed sweep's first this "
                          "many prompts (its 1-request row's set; 0: none)")
     ap.add_argument("--accept-tokens", type=int, default=192, help="new tokens per prompt of that count")
+    ap.add_argument("--snapshot-every", type=float, default=0.0,
+                    help="seconds between snapshots of each draft's weights so far in --snapshot-dir (0: none)")
+    ap.add_argument("--snapshot-dir", help="where the snapshots go (see Snapshots); needed with --snapshot-every")
+    ap.add_argument("--distill-cache",
+                    help="with --target-from: read the greedy continuations from this file, or write them there (one "
+                         "generation for trainings side by side on one target)")
     args = ap.parse_args(argv)
     kind = ("cuda-draft" if args.target_from else "cuda") if args.device.startswith("cuda") else "cpu"
     if not 0 < args.minutes <= MAX_MINUTES[kind]:
@@ -346,6 +426,12 @@ def main(argv=None) -> int:
     if args.accept_prompts < 0 or args.accept_tokens < 2:
         ap.error(f"--accept-prompts {args.accept_prompts} / --accept-tokens {args.accept_tokens} is invalid: expected "
                  "0 or more prompts and at least 2 tokens")
+    if args.snapshot_every < 0 or (args.snapshot_every > 0) != bool(args.snapshot_dir):
+        ap.error(f"--snapshot-every {args.snapshot_every} with --snapshot-dir {args.snapshot_dir} is invalid: give "
+                 "both (seconds > 0 and a folder) or neither")
+    if args.distill_cache and not args.target_from:
+        ap.error(f"--distill-cache {args.distill_cache} is invalid without --target-from: a target trained here "
+                 "is new, so no cache can hold its continuations")
     blocks = [int(b) for b in args.block_sizes.split(",")]
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -379,7 +465,12 @@ def main(argv=None) -> int:
     distilled = held_greedy = None
     if args.distill > 0:
         began = time.perf_counter()
-        distilled = greedy_windows(target, train_data, args.distill_windows, args.seq, gen)        # [N, seq]
+        if args.distill_cache:
+            distilled = cached_greedy_windows(target, train_data, args.distill_windows, args.seq, gen,
+                                              Path(args.distill_cache),
+                                              Path(args.target_from) / "target" / "model.safetensors")  # [N, seq]
+        else:
+            distilled = greedy_windows(target, train_data, args.distill_windows, args.seq, gen)    # [N, seq]
         spent = time.perf_counter() - began
         budget = max(budget * draft_share - spent, 1.0) / draft_share                  # the drafts pay for it
         report["distill_windows"], report["distill_seconds"] = int(distilled.shape[0]), round(spent, 1)
@@ -403,8 +494,9 @@ def main(argv=None) -> int:
             return draft_loss(target, d, windows(data, args.batch // 2, args.seq, gen), 16, gen,
                               decay=args.depth_decay)[0]
 
+        snapshots = Snapshots(Path(args.snapshot_dir), args.snapshot_every) if args.snapshot_every else None
         run = train(draft, list(draft.parameters()), step, draft_share * budget / len(blocks), 2e-3, 100,
-                    f"draft b{block}")
+                    f"draft b{block}", snapshots and snapshots.tick(draft, report, block), args.snapshot_every)
         draft.eval()
         with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16,
                                              enabled=dev.type == "cuda"):

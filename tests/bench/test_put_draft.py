@@ -78,3 +78,26 @@ def test_a_missing_part_or_a_used_folder_writes_nothing(tmp_path, carried):
     r = put(d2, tmp_path, tmp_path / "new")                              # the pair's first part left behind
     assert r.returncode == 1 and "has no pair.tgz.partaa" in r.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_a_snapshot_brought_back_goes_over_its_target_and_is_trained_on(tmp_path, carried):
+    """A machine taken back mid-training: the last snapshot (speed_sweep.sh snapshot) is put over the pair like a
+    finished draft, and the next session's training starts from its (bf16) weights."""
+    d1, d2 = carried
+    (tmp_path / "all").mkdir()
+    for part in [*d1.iterdir(), *d2.iterdir()]:
+        (tmp_path / "all" / part.name).write_bytes(part.read_bytes())
+    speed_sweep_train(tmp_path / "gpu", UNPACK=str(tmp_path / "all"), REDRAFT="1", DISTILL="1", SNAPSHOT_EVERY="0.001")
+    r = subprocess.run(["bash", "bench/speed_sweep.sh", "snapshot"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin", "SPEED_DIR": str(tmp_path / "gpu"),
+                                        "OUT": str(tmp_path / "out")})
+    assert r.returncode == 0, r.stderr
+    r = put(d1, d2, tmp_path / "out/gpu", tmp_path / "new")
+    assert r.returncode == 0, r.stderr
+    snap = tmp_path / "gpu/snapshot/current/pair"
+    new = members(tmp_path / "new")
+    assert new["pair/b8/draft/model.safetensors"] == (snap / "b8/draft/model.safetensors").read_bytes()
+    assert new["pair/train.json"] == (snap / "train.json").read_bytes()
+    speed_sweep_train(tmp_path / "next", UNPACK=str(tmp_path / "new"), DISTILL="1", REDRAFT="1")
+    log = (tmp_path / "next/train.log").read_text()
+    assert "draft b8: trained on from" in log and "draft b8 held-out loss" in log

@@ -42,15 +42,20 @@ def init_pair(target_cfg: TargetConfig, draft_cfg: DraftConfig, seed: int, std: 
     return Pair(target=target, draft=draft, tokenizer=ByteTokenizer(vocab_size=target_cfg.vocab_size))
 
 
+def save_model(model: torch.nn.Module, tokenizer: ByteTokenizer, d: Path, dtype: torch.dtype | None = None) -> None:
+    """One model of a pair into folder d: config.json, model.safetensors (its own dtype, or `dtype`: bf16 halves a
+    draft snapshot's bytes to carry; loading casts back to the model's dtype), tokenizer.json."""
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(model.config.to_json(), indent=2, sort_keys=True) + "\n")
+    tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save(d / "tokenizer.json")
+
+
 def save_pair(pair: Pair, out: Path) -> None:
-    out = Path(out)
     for name, model in (("target", pair.target), ("draft", pair.draft)):
-        d = out / name
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "config.json").write_text(json.dumps(model.config.to_json(), indent=2, sort_keys=True) + "\n")
-        tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
-        pair.tokenizer.save(d / "tokenizer.json")
+        save_model(model, pair.tokenizer, Path(out) / name)
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
