@@ -278,7 +278,8 @@ def cached_greedy_windows(target: TargetLM, data: torch.Tensor, count: int, leng
         fcntl.flock(lock, fcntl.LOCK_EX)
         if Path(cache).exists():
             kept = load_file(str(cache))["windows"]                                    # int16 [N, length]
-            made_from = safe_open(str(cache), "pt").metadata().get("target_sha256")
+            with safe_open(str(cache), "pt") as f:
+                made_from = f.metadata().get("target_sha256")
             if made_from != digest or kept.shape[1] != length or kept.shape[0] < count:
                 raise SystemExit(f"--distill-cache {cache} is invalid here: it holds {kept.shape[0]} windows of "
                                  f"{kept.shape[1]} tokens from target {made_from}, asked {count} of {length} from "
@@ -496,7 +497,8 @@ def main(argv=None) -> int:
 
         snapshots = Snapshots(Path(args.snapshot_dir), args.snapshot_every) if args.snapshot_every else None
         run = train(draft, list(draft.parameters()), step, draft_share * budget / len(blocks), 2e-3, 100,
-                    f"draft b{block}", snapshots and snapshots.tick(draft, report, block), args.snapshot_every)
+                    f"draft b{block}", snapshots and snapshots.tick(draft, report, block),
+                    snapshots.every if snapshots else 0.0)
         draft.eval()
         with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16,
                                              enabled=dev.type == "cuda"):
