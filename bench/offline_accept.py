@@ -18,10 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import train_pair  # noqa: E402  (bench/ is no package)
+import train_pair  # bench/ is sys.path[0] when this script runs
 
 
 def pair_files(folder: Path) -> tuple[dict, list[list[int]], list[list[int]], list[Path]]:
@@ -49,7 +46,8 @@ def judge(folder: Path, prompts: int, tokens: int) -> dict:
     on = train_pair.speed_prompts(held, seen, prompts)
     for block_dir in blocks:
         pair = load_pair(block_dir, device="cpu")
-        pair.target.eval(), pair.draft.eval()
+        pair.target.eval()
+        pair.draft.eval()
         found = train_pair.offline_accepts(pair, on, tokens)
         report.setdefault("drafts", {}).setdefault(block_dir.name, {})["offline_accept"] = [asdict(a) for a in found]
         print(f"{folder} {block_dir.name}: " + "; ".join(f"{a.tree} {a.accept_length:.3f} ({a.seen:.3f} / "
