@@ -50,8 +50,7 @@ def judge(folder: Path, prompts: int, tokens: int) -> dict:
         pair.draft.eval()
         found = train_pair.offline_accepts(pair, on, tokens)
         report.setdefault("drafts", {}).setdefault(block_dir.name, {})["offline_accept"] = [asdict(a) for a in found]
-        print(f"{folder} {block_dir.name}: " + "; ".join(f"{a.tree} {a.accept_length:.3f} ({a.seen:.3f} / "
-                                                          f"{a.heldout:.3f})" for a in found), flush=True)
+        print(f"{folder} {block_dir.name}: {train_pair.accepts_line(found)}", flush=True)
     (folder / "pair" / "train.json").write_text(json.dumps(report, indent=1))
     return report
 

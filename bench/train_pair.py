@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ddtree.reference.config import DraftConfig, TargetConfig, load_config
 from ddtree.reference.draft import DFlashDraft
@@ -264,7 +264,8 @@ def greedy_windows(target: TargetLM, data: torch.Tensor, count: int, length: int
 
 
 def file_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def cached_greedy_windows(target: TargetLM, data: torch.Tensor, count: int, length: int, gen: torch.Generator,
@@ -277,9 +278,9 @@ def cached_greedy_windows(target: TargetLM, data: torch.Tensor, count: int, leng
     with open(f"{cache}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if Path(cache).exists():
-            kept = load_file(str(cache))["windows"]                                    # int16 [N, length]
             with safe_open(str(cache), "pt") as f:
                 made_from = f.metadata().get("target_sha256")
+                kept = f.get_tensor("windows")                                        # int16 [N, length]
             if made_from != digest or kept.shape[1] != length or kept.shape[0] < count:
                 raise SystemExit(f"--distill-cache {cache} is invalid here: it holds {kept.shape[0]} windows of "
                                  f"{kept.shape[1]} tokens from target {made_from}, asked {count} of {length} from "
@@ -330,6 +331,11 @@ def offline_accepts(pair: Pair, prompts: list[list[int]], new_tokens: int) -> li
             found.append(OfflineAccept(name, sum(per) / len(per), sum(per[0::2]) / len(per[0::2]),
                                        sum(per[1::2]) / max(len(per[1::2]), 1)))
     return found
+
+
+def accepts_line(found: list[OfflineAccept]) -> str:
+    """'chain b7 c1 3.82 (3.90 / 3.74); b32 c8 ...': each tree's accept length (training-file / held-out prompts)."""
+    return "; ".join(f"{a.tree} {a.accept_length:.2f} ({a.seen:.2f} / {a.heldout:.2f})" for a in found)
 
 
 def start_draft(cfg: DraftConfig, target: TargetLM, target_from: str | None,
@@ -522,9 +528,7 @@ def main(argv=None) -> int:
             found = offline_accepts(pair, accept_on, args.accept_tokens)
             report["drafts"][f"b{block}"]["offline_accept"] = [asdict(a) for a in found]
             print(f"draft b{block} offline accept length on the speed sweep's {len(accept_on)} 1-request prompts x "
-                  f"{args.accept_tokens} tokens (training-file / held-out): "
-                  + "; ".join(f"{a.tree} {a.accept_length:.2f} ({a.seen:.2f} / {a.heldout:.2f})" for a in found),
-                  flush=True)
+                  f"{args.accept_tokens} tokens (training-file / held-out): {accepts_line(found)}", flush=True)
         save_pair(pair, Path(args.out) / f"b{block}")
     out = Path(args.out)
     (out / "heldout_prompts.json").write_text(json.dumps(prompts))

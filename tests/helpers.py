@@ -156,3 +156,13 @@ def speed_sweep_train(speed_dir, **env: str) -> str:
                                                        "--accept-tokens 6", **env})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return r.stdout
+
+
+def speed_sweep_snapshot(speed_dir, out):
+    """`bench/speed_sweep.sh snapshot` for SPEED_DIR=speed_dir with OUT=out -> the CompletedProcess (not checked)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(["bash", "bench/speed_sweep.sh", "snapshot"], cwd=root, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "SPEED_DIR": str(speed_dir), "OUT": str(out)})

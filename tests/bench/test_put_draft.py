@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import speed_sweep_train
+from tests.helpers import speed_sweep_snapshot, speed_sweep_train
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -26,6 +26,13 @@ def members(parts_dir: Path) -> dict[str, bytes]:
     joined.write_bytes(b"".join(p.read_bytes() for p in sorted(parts_dir.glob("pair.tgz.part*"))))
     with tarfile.open(joined) as tar:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def joined_parts(carried: tuple[Path, Path], to: Path) -> None:
+    """The carried pair's parts of both folders in one (as the GPU machine gathers them)."""
+    to.mkdir()
+    for part in [*carried[0].iterdir(), *carried[1].iterdir()]:
+        (to / part.name).write_bytes(part.read_bytes())
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +51,7 @@ def carried(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.mark.parametrize("block", ["8", "16"])
 def test_a_draft_brought_back_alone_goes_over_its_target(tmp_path, carried, block):
     d1, d2 = carried
-    (tmp_path / "all").mkdir()
-    for part in [*d1.iterdir(), *d2.iterdir()]:
-        (tmp_path / "all" / part.name).write_bytes(part.read_bytes())
+    joined_parts(carried, tmp_path / "all")
     (tmp_path / "draft").mkdir()
     speed_sweep_train(tmp_path / "gpu", UNPACK=str(tmp_path / "all"), PACK="draft", OUT=str(tmp_path / "draft"),
                 REDRAFT="1", DISTILL="1", BLOCK=block)
@@ -84,13 +89,9 @@ def test_a_snapshot_brought_back_goes_over_its_target_and_is_trained_on(tmp_path
     """A machine taken back mid-training: the last snapshot (speed_sweep.sh snapshot) is put over the pair like a
     finished draft, and the next session's training starts from its (bf16) weights."""
     d1, d2 = carried
-    (tmp_path / "all").mkdir()
-    for part in [*d1.iterdir(), *d2.iterdir()]:
-        (tmp_path / "all" / part.name).write_bytes(part.read_bytes())
+    joined_parts(carried, tmp_path / "all")
     speed_sweep_train(tmp_path / "gpu", UNPACK=str(tmp_path / "all"), REDRAFT="1", DISTILL="1", SNAPSHOT_EVERY="0.001")
-    r = subprocess.run(["bash", "bench/speed_sweep.sh", "snapshot"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, env={"PATH": "/usr/bin:/bin", "SPEED_DIR": str(tmp_path / "gpu"),
-                                        "OUT": str(tmp_path / "out")})
+    r = speed_sweep_snapshot(tmp_path / "gpu", tmp_path / "out")
     assert r.returncode == 0, r.stderr
     r = put(d1, d2, tmp_path / "out/gpu", tmp_path / "new")
     assert r.returncode == 0, r.stderr

@@ -6,17 +6,13 @@ packs it as PACK=draft packs a finished draft. Trainings side by side read one f
 from __future__ import annotations
 
 import json
-import subprocess
 import tarfile
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import import_bench, speed_sweep_train
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import import_bench, speed_sweep_snapshot, speed_sweep_train
 
 
 def test_the_last_snapshot_is_the_draft_as_trained_and_packs_like_a_draft(tmp_path):
@@ -35,9 +31,7 @@ def test_the_last_snapshot_is_the_draft_as_trained_and_packs_like_a_draft(tmp_pa
     assert snap_report["drafts"]["b8"]["snapshot"]["dtype"] == "bfloat16"
     assert snap_report["distill"] == report["distill"]
 
-    r = subprocess.run(["bash", "bench/speed_sweep.sh", "snapshot"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, env={"PATH": "/usr/bin:/bin", "SPEED_DIR": str(tmp_path / "speed"),
-                                        "OUT": str(tmp_path / "out")})
+    r = speed_sweep_snapshot(tmp_path / "speed", tmp_path / "out")
     assert r.returncode == 0, r.stderr
     parts = sorted((tmp_path / "out/speed").glob("draft.tgz.part*"))
     assert [p.name for p in parts] == ["draft.tgz.partaa"]
@@ -48,9 +42,7 @@ def test_the_last_snapshot_is_the_draft_as_trained_and_packs_like_a_draft(tmp_pa
 
 
 def test_snapshot_before_any_is_written_says_so(tmp_path):
-    r = subprocess.run(["bash", "bench/speed_sweep.sh", "snapshot"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, env={"PATH": "/usr/bin:/bin", "SPEED_DIR": str(tmp_path / "none"),
-                                        "OUT": str(tmp_path / "out")})
+    r = speed_sweep_snapshot(tmp_path / "none", tmp_path / "out")
     assert r.returncode == 1 and "holds no snapshot yet" in r.stderr and "SNAPSHOT_EVERY" in r.stderr
     assert not (tmp_path / "out").exists()
 
