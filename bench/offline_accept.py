@@ -3,7 +3,10 @@
 into the pair's train.json: a draft snapshot brought back from a machine taken back mid-training (speed_sweep.sh
 snapshot, put over its pair by put_draft.sh) carries none, and bench/best_draft.py ranks only drafts that have them.
 
-    PYTHONPATH=src python3 bench/offline_accept.py SPEED_DIR... [--prompts 24] [--tokens 192]
+    PYTHONPATH=src python3 bench/offline_accept.py SPEED_DIR... [--prompts 24] [--tokens 192] [--budgets 32,64]
+
+--budgets: the DDTREE trees (cap 8) counted beside DFLASH's chain; wider ones (128, 256) before a sweep tell which
+widths are worth its servers (best_draft.py ranks by the chain and b64, so keep 32 and 64 among them).
 
 SPEED_DIR: a folder holding pair/ (train.json, heldout_prompts.json, train_prompts.json, bN/target + bN/draft), as
 speed_sweep.sh train leaves it or put_draft.sh's parts unpack. About 3 minutes a draft on 2 CPU cores.
@@ -38,7 +41,7 @@ def pair_files(folder: Path) -> tuple[dict, list[list[int]], list[list[int]], li
     return report, held, seen, [b.parent for b in blocks]
 
 
-def judge(folder: Path, prompts: int, tokens: int) -> dict:
+def judge(folder: Path, prompts: int, tokens: int, budgets: tuple[int, ...] = train_pair.ACCEPT_BUDGETS) -> dict:
     """Each draft's accept lengths into folder/pair/train.json (drafts.bN.offline_accept); the report written."""
     from ddtree.reference.pair import load_pair
 
@@ -48,11 +51,20 @@ def judge(folder: Path, prompts: int, tokens: int) -> dict:
         pair = load_pair(block_dir, device="cpu")
         pair.target.eval()
         pair.draft.eval()
-        found = train_pair.offline_accepts(pair, on, tokens)
+        found = train_pair.offline_accepts(pair, on, tokens, budgets)
         report.setdefault("drafts", {}).setdefault(block_dir.name, {})["offline_accept"] = [asdict(a) for a in found]
         print(f"{folder} {block_dir.name}: {train_pair.accepts_line(found)}", flush=True)
     (folder / "pair" / "train.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def budgets_arg(text: str) -> tuple[int, ...] | None:
+    """'32,64,128' -> (32, 64, 128); None when a field is no budget of 2..1024."""
+    try:
+        budgets = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        return None
+    return budgets if all(2 <= b <= 1024 for b in budgets) else None
 
 
 def main(argv=None) -> int:
@@ -60,13 +72,19 @@ def main(argv=None) -> int:
     ap.add_argument("folders", nargs="+", type=Path, help="SPEED_DIRs (each holding pair/)")
     ap.add_argument("--prompts", type=int, default=24, help="the sweep's first this many 1-request prompts")
     ap.add_argument("--tokens", type=int, default=192, help="new tokens per prompt")
+    ap.add_argument("--budgets", default=",".join(map(str, train_pair.ACCEPT_BUDGETS)),
+                    help="DDTREE budgets (cap 8) counted beside the chain, comma-separated")
     args = ap.parse_args(argv)
+    budgets = budgets_arg(args.budgets)
+    if budgets is None:
+        ap.error(f"--budgets {args.budgets} is invalid: expected budgets from 2 to 1024, comma-separated, e.g. "
+                 "32,64,128")
     if args.prompts < 1 or args.tokens < 2:
         ap.error(f"--prompts {args.prompts} / --tokens {args.tokens} is invalid: expected at least 1 prompt and 2 "
                  "tokens (train_pair.py counts 24 x 192)")
     torch.set_grad_enabled(False)
     for folder in args.folders:
-        judge(folder, args.prompts, args.tokens)
+        judge(folder, args.prompts, args.tokens, budgets)
     return 0
 
 

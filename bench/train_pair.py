@@ -306,14 +306,19 @@ class OfflineAccept:
     heldout: float            # the held-out ones
 
 
-def accept_trees(block: int) -> list[tuple[int, int]]:
-    """(budget, cap) of DFLASH's chain and the sweep's widest DDTREE trees."""
-    return [(block - 1, 1), (32, 8), (64, 8)]
+ACCEPT_BUDGETS = (32, 64)    # the DDTREE trees (cap 8) a training judges its draft by: the sweep's widest
+
+
+def accept_trees(block: int, budgets: tuple[int, ...] = ACCEPT_BUDGETS) -> list[tuple[int, int]]:
+    """(budget, cap) of DFLASH's chain and the DDTREE trees of these budgets (cap 8)."""
+    return [(block - 1, 1)] + [(b, 8) for b in budgets]
 
 
 @torch.no_grad()
-def offline_accepts(pair: Pair, prompts: list[list[int]], new_tokens: int) -> list[OfflineAccept]:
-    """prompts: sglang_speed.mixed_prompts's order (even index a training-file prompt, odd a held-out one)."""
+def offline_accepts(pair: Pair, prompts: list[list[int]], new_tokens: int,
+                    budgets: tuple[int, ...] = ACCEPT_BUDGETS) -> list[OfflineAccept]:
+    """prompts: sglang_speed.mixed_prompts's order (even index a training-file prompt, odd a held-out one); budgets:
+    the DDTREE trees (cap 8) counted beside DFLASH's chain."""
     from ddtree.reference.offline import offline_accept_lengths
 
     dev = pair.target.lm_head.weight.device
@@ -322,7 +327,7 @@ def offline_accepts(pair: Pair, prompts: list[list[int]], new_tokens: int) -> li
         answers = [pair.target.greedy_continue(torch.tensor([p], device=dev), new_tokens + depth + 1)[0, len(p):]
                    .tolist() for p in prompts]
         found = []
-        for budget, cap in accept_trees(pair.block_size):
+        for budget, cap in accept_trees(pair.block_size, budgets):
             # SGLang's prefill gives the first token; verify steps, rooted at it, emit the other new_tokens - 1
             per = [new_tokens / len(offline_accept_lengths(pair, p + a[:1], a[1:], budget=budget, topk_cap=cap,
                                                            max_new_tokens=new_tokens - 1))

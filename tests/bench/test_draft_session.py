@@ -19,7 +19,7 @@ def draft_session(tmp: Path, **env: str) -> subprocess.CompletedProcess:
         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "ROOT": str(tmp / "speed"),
              "OUT": str(tmp / "out"), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small", "PAIR_MINUTES": "0.03",
              "DRAFT_MINUTES": "0.03", "SNAPSHOT_EVERY": "0.001", "DISTILL_WINDOWS": "8",
-             "TRAIN_ARGS": "--batch 4 --seq 64 --accept-prompts 2 --accept-tokens 6", **env})
+             "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 --accept-tokens 6", **env})
 
 
 def test_a_fresh_pair_then_three_drafts_on_its_target(tmp_path):

@@ -34,6 +34,14 @@ def test_counted_here_equals_the_trainings_own_count_and_best_draft_ranks_it(tmp
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == str(tmp_path / "speed"), r.stdout + r.stderr
 
+    # wider trees before a sweep: the chain and b32 as counted before, b128 beside them
+    r = tool(tmp_path / "speed", "--prompts", 2, "--tokens", 6, "--budgets", "32,128")
+    assert r.returncode == 0, r.stderr
+    wide = {a["tree"]: a for a in json.loads(report_file.read_text())["drafts"]["b8"]["offline_accept"]}
+    assert list(wide) == ["chain b7 c1", "b32 c8", "b128 c8"]
+    assert wide["chain b7 c1"] == counted[0] and wide["b32 c8"] == counted[1]
+    assert 1.0 <= wide["b128 c8"]["accept_length"] <= 6
+
 
 def test_no_pair_or_a_snapshot_alone_is_refused(tmp_path):
     r = tool(tmp_path)
@@ -44,3 +52,6 @@ def test_no_pair_or_a_snapshot_alone_is_refused(tmp_path):
     assert r.returncode == 1 and "a snapshot alone has no target" in r.stderr
     r = tool(tmp_path / "speed", "--prompts", 0)
     assert r.returncode == 2 and "--prompts 0 / --tokens 192 is invalid" in r.stderr
+    for bad in ("64,wide", "1", "2048"):
+        r = tool(tmp_path / "speed", "--budgets", bad)
+        assert r.returncode == 2 and f"--budgets {bad} is invalid" in r.stderr, r.stderr
