@@ -9,8 +9,9 @@
 #   (speed_sweep.sh train REDRAFT=1 DISTILL=1), a snapshot of each draft every SNAPSHOT_EVERY s (default 60; wait calls
 #   bring them back with speed_sweep.sh snapshot), one file of greedy continuations (DISTILL_CACHE) for the three:
 #     A  block 8, on from stage 1's draft
-#     B  the same, DFlash's weighting of a block's early positions (--depth-decay 4) and twice the batch
-#     C  a new block-16 draft (--depth-decay 7 --batch 128)
+#     B  the same, DFlash's weighting of a block's early positions (--depth-decay 4) and twice the batch (WIDE_BATCH,
+#        default 128)
+#     C  a new block-16 draft (--depth-decay 7, WIDE_BATCH)
 #   then bench/best_draft.py over the three (the best folder on the last line of its table).
 # TRAIN_ARGS goes to every training before a variant's own options (the CPU test's small settings); TRAIN_SIZE and
 # TRAIN_DEVICE pass through to speed_sweep.sh. Each stage-2 log: $ROOT-X.log. Exit status: stage 1's when it failed,
@@ -41,8 +42,8 @@ say "stage 1: a fresh pair in $ROOT-P"
 fresh_pair || { rc=$?; say "stage 1 failed (rc $rc)"; exit $rc; }
 rm -f "${DISTILL_CACHE:-$ROOT-distill.safetensors}"
 variant A 8 ""
-variant B 8 "--depth-decay 4 --batch 128"
-variant C 16 "--depth-decay 7 --batch 128"
+variant B 8 "--depth-decay 4 --batch ${WIDE_BATCH:-128}"
+variant C 16 "--depth-decay 7 --batch ${WIDE_BATCH:-128}"
 failed=0
 for pid in $(jobs -p); do wait "$pid" || failed=1; done
 for x in A B C; do tail -n 4 "$ROOT-$x.log"; done

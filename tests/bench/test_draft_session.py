@@ -18,7 +18,7 @@ def draft_session(tmp: Path, **env: str) -> subprocess.CompletedProcess:
         ["bash", "bench/draft_session.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "ROOT": str(tmp / "speed"),
              "OUT": str(tmp / "out"), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small", "PAIR_MINUTES": "0.03",
-             "DRAFT_MINUTES": "0.03", "SNAPSHOT_EVERY": "0.001", "DISTILL_WINDOWS": "8",
+             "DRAFT_MINUTES": "0.03", "SNAPSHOT_EVERY": "0.001", "DISTILL_WINDOWS": "8", "WIDE_BATCH": "8",
              "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 --accept-tokens 6", **env})
 
 
@@ -30,7 +30,7 @@ def test_a_fresh_pair_then_three_drafts_on_its_target(tmp_path):
     fresh = json.loads((tmp_path / "speed-P/pair/train.json").read_text())
     assert fresh["distill"] == 1.0 and fresh["target_from"] is None
     target = (tmp_path / "speed-P/pair/b8/target/model.safetensors").read_bytes()
-    for name, block, decay, batch in (("A", 8, 0.0, 4), ("B", 8, 4.0, 128), ("C", 16, 7.0, 128)):
+    for name, block, decay, batch in (("A", 8, 0.0, 4), ("B", 8, 4.0, 8), ("C", 16, 7.0, 8)):
         pair = tmp_path / f"speed-{name}/pair"
         report = json.loads((pair / "train.json").read_text())
         assert report["target_from"] and report["distill"] == 1.0, name
