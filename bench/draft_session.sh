@@ -19,6 +19,7 @@
 set -u
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-/tmp/ddtree-speed}
+CACHE=${DISTILL_CACHE:-$ROOT-distill.safetensors}   # stage 2's greedy continuations, made once for the three
 t0=$(date +%s)
 say() { echo "[draft-session $(( $(date +%s) - t0 )) s] $*"; }
 
@@ -32,7 +33,7 @@ variant() {   # NAME BLOCK OPTIONS: one stage-2 training of a copy of the fresh 
   rm -rf "$dir"; mkdir -p "$dir"
   cp -r "$ROOT-P/pair" "$dir/pair"
   SPEED_DIR=$dir REDRAFT=1 DISTILL=1 BLOCK=$block TRAIN_MINUTES=${DRAFT_MINUTES:-11} \
-    SNAPSHOT_EVERY=${SNAPSHOT_EVERY:-60} DISTILL_CACHE=${DISTILL_CACHE:-$ROOT-distill.safetensors} \
+    SNAPSHOT_EVERY=${SNAPSHOT_EVERY:-60} DISTILL_CACHE=$CACHE \
     TRAIN_ARGS="${TRAIN_ARGS:-} --distill-windows ${DISTILL_WINDOWS:-16384} $opts" OUT='' \
     bash bench/speed_sweep.sh train > "$dir.log" 2>&1 &
   say "variant $name (block $block $opts) started, pid $!"
@@ -40,7 +41,7 @@ variant() {   # NAME BLOCK OPTIONS: one stage-2 training of a copy of the fresh 
 
 say "stage 1: a fresh pair in $ROOT-P"
 fresh_pair || { rc=$?; say "stage 1 failed (rc $rc)"; exit $rc; }
-rm -f "${DISTILL_CACHE:-$ROOT-distill.safetensors}"
+rm -f "$CACHE"   # one of an earlier target: the fresh one's are made anew
 variant A 8 ""
 variant B 8 "--depth-decay 4 --batch ${WIDE_BATCH:-128}"
 variant C 16 "--depth-decay 7 --batch ${WIDE_BATCH:-128}"

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 import train_pair  # bench/ is sys.path[0] when this script runs
 
+from ddtree.settings import MAX_BUDGET
+
 
 def pair_files(folder: Path) -> tuple[dict, list[list[int]], list[list[int]], list[Path]]:
     """train.json, the held-out and training-file prompts, and the bN folders that hold a target and a draft; a
@@ -59,12 +61,12 @@ def judge(folder: Path, prompts: int, tokens: int, budgets: tuple[int, ...] = tr
 
 
 def budgets_arg(text: str) -> tuple[int, ...] | None:
-    """'32,64,128' -> (32, 64, 128); None when a field is no budget of 2..1024."""
+    """'32,64,128' -> (32, 64, 128); None when a field is no tree budget of 2..MAX_BUDGET (the plugin's bound)."""
     try:
         budgets = tuple(int(b) for b in text.split(","))
     except ValueError:
         return None
-    return budgets if all(2 <= b <= 1024 for b in budgets) else None
+    return budgets if all(2 <= b <= MAX_BUDGET for b in budgets) else None
 
 
 def main(argv=None) -> int:
@@ -77,8 +79,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     budgets = budgets_arg(args.budgets)
     if budgets is None:
-        ap.error(f"--budgets {args.budgets} is invalid: expected budgets from 2 to 1024, comma-separated, e.g. "
-                 "32,64,128")
+        ap.error(f"--budgets {args.budgets} is invalid: expected budgets from 2 to {MAX_BUDGET}, comma-separated, "
+                 "e.g. 32,64,128")
     if args.prompts < 1 or args.tokens < 2:
         ap.error(f"--prompts {args.prompts} / --tokens {args.tokens} is invalid: expected at least 1 prompt and 2 "
                  "tokens (train_pair.py counts 24 x 192)")
