@@ -35,7 +35,8 @@ a given schedule instead of the one found (BUDGET or BUDGET/CAP, each a schedule
 Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load,
 its cost beside its twins), OUT/table.md (tokens/s by load, the schedule beside its twins, the stage profile, the
 issue's targets), OUT/tokens_per_s.png (tokens/s by load, per overlap mode), OUT/none_outputs.json (NONE's answers
-by overlap mode and load); prints the tables. The targets (targets()): the best DDTREE with the overlap scheduler
+by overlap mode and load), OUT/answers.json (every speculative row's answers, for tests/gpu_sglang/speed_partings.py
+to judge their partings from NONE's); prints the tables. The targets (targets()): the best DDTREE with the overlap scheduler
 >= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the production candidate)
 never below max(NONE, DFLASH) (each its faster overlap mode) at any load; step efficiency
 tokens/s / (accept length x NONE tokens/s) >= 0.7 at 1 request.
@@ -461,6 +462,18 @@ def save_rows(rows: list[SpeedRow], out: Path) -> None:
     (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
 
 
+ANSWERS = "answers.json"      # every speculative setting's temperature-0 answers: {config: {load: [[ids]]}}
+
+
+def save_answers(out: Path, config: str, load: int, outputs: list[list[int]]) -> None:
+    """A speculative row's answers (its slower pass) beside NONE's, so its partings from NONE can be judged
+    afterwards (tests/gpu_sglang/speed_partings.py) instead of only counted."""
+    path = out / ANSWERS
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    saved.setdefault(config, {})[str(load)] = outputs
+    path.write_text(json.dumps(saved))
+
+
 def start_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], timeout: float) -> dict[str, bool]:
     ready = fleet.start(configs, timeout=timeout)
     for name, ok in ready.items():
@@ -489,6 +502,8 @@ def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], pro
             if cfg.algorithm == "NONE":
                 references[reference_key(cfg.overlap, load)] = outputs
                 (out / "none_outputs.json").write_text(json.dumps(references))
+            else:
+                save_answers(out, cfg.name, load, outputs)
             rows.append(row)
             say_row(row)
             save_rows(rows, out)
@@ -520,7 +535,8 @@ def measure_schedule(fleet: servers.Fleet, schedule: TreeSchedule, overlap: bool
             print(f"{sched.name} at load {load}: {type(err).__name__}: {str(err)[:300]}", flush=True)
             continue
         for server, mine in zip(pair, runs):
-            row, _ = slower_row(server, mine, load, reference, phase="schedule")
+            row, outputs = slower_row(server, mine, load, reference, phase="schedule")
+            save_answers(out, row.config, load, outputs)
             rows.append(row)
             say_row(row, " (in turn)")
         save_rows(rows, out)

@@ -282,3 +282,20 @@ def test_the_plot_draws_each_setting_by_load_per_overlap_mode_without_the_twins(
     assert lines["none"] == [(1, 600), (8, 4000)] and lines["ddtree-found"] == [(1, 1200), (8, 1510)]
     assert not any(k.startswith("twin-") for k in lines)
     assert [ln.get_label() for ln in on.get_lines()] == ["dflash-overlap"]
+
+
+def test_answers_are_saved_per_setting_and_load_where_the_partings_judge_reads_them(tmp_path):
+    from tests.gpu_sglang import speed_partings
+
+    speed.save_answers(tmp_path, "dflash-bs48", 1, [[1, 2]])
+    speed.save_answers(tmp_path, "dflash-bs48", 8, [[3, 4], [5, 6]])
+    speed.save_answers(tmp_path, "ddtree-b64-c8-graphs-overlap-bs48", 1, [[7, 8]])
+    speed.save_answers(tmp_path, "dflash-bs48", 1, [[9, 9]])                  # the later row of a load wins
+    (tmp_path / "none_outputs.json").write_text('{"off-1": [[1, 2]], "on-1": [[7, 8]]}')
+    found = speed_partings.read_jobs([tmp_path])
+    assert found.settings == {"dflash-bs48": {1: [[9, 9]], 8: [[3, 4], [5, 6]]},
+                              "ddtree-b64-c8-graphs-overlap-bs48": {1: [[7, 8]]}}
+    # the judge pairs each setting with NONE's answers of its own overlap mode, as the sweep's equality count does
+    for cfg in speed.fixed_configs((16, 64), (False, True), None):
+        if cfg.algorithm != "NONE":
+            assert speed_partings.none_key(cfg.name, 8) == speed.reference_key(cfg.overlap, 8), cfg.name

@@ -1,0 +1,101 @@
+"""tests/gpu_sglang/speed_partings.py on a small trained speed pair (CPU): answers equal to NONE's are counted equal;
+an answer that parts where NONE took a token the float32 model ranks below its own choice passes as "exact"; a
+deliberate fault - an answer that takes a token the float32 model puts far below NONE's - is a real difference and
+fails the run; jobs without answers and prompt files that are not the sweep's are refused by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import speed_sweep_train
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENS = 10
+
+
+def tool(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tests.gpu_sglang.speed_partings", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """A trained small pair, the sweep's 1-request prompts and NONE's answers to them (the float32 referee's own
+    greedy answers, TOKENS each), and the referee's log-probs along them."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from sglang_speed import mixed_prompts, prompts_per_load
+
+    from tests.gpu_sglang.referee import bf16_served_pair, target_referee
+
+    speed = tmp_path_factory.mktemp("partings") / "speed"
+    speed_sweep_train(speed)
+    pair_dir = speed / "pair" / "b8"
+    held, seen = (json.loads((speed / "pair" / n).read_text()) for n in ("heldout_prompts.json", "train_prompts.json"))
+    prompts = mixed_prompts(held, seen, prompts_per_load(1))
+    target = bf16_served_pair(pair_dir, "cpu").target.eval()
+    referee = target_referee(target, "cpu")
+    greedy = [target.greedy_continue(torch.tensor([p]), TOKENS)[0, len(p):].tolist() for p in prompts]
+    return pair_dir, prompts, greedy, referee
+
+
+def job(folder: Path, none: list[list[int]], settings: dict[str, list[list[int]]]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "none_outputs.json").write_text(json.dumps({"off-1": none}))
+    (folder / "answers.json").write_text(json.dumps({name: {"1": a} for name, a in settings.items()}))
+    return folder
+
+
+def ranked(referee, context: list[int]) -> list[int]:
+    """The referee's tokens after context, best first."""
+    return referee.logprobs(context).argsort(descending=True).tolist()
+
+
+def test_equal_exact_and_a_real_difference(sweep, tmp_path):
+    pair_dir, prompts, greedy, referee = sweep
+    at = 3
+    # NONE took the float32 model's second choice at `at` in answer 0 (a bf16 flip); the setting took its first
+    none = [list(a) for a in greedy]
+    second = ranked(referee, prompts[0] + greedy[0][:at])[1]
+    none[0] = greedy[0][:at] + [second] + greedy[0][at + 1:]
+    gap = float(referee.logprobs(prompts[0] + greedy[0][:at])[greedy[0][at]]
+                - referee.logprobs(prompts[0] + greedy[0][:at])[second])
+    # the fault: answer 1 takes the float32 model's worst token at `at`
+    worst = ranked(referee, prompts[1] + greedy[1][:at])[-1]
+    faulty = [list(a) for a in greedy]
+    faulty[1] = greedy[1][:at] + [worst] + greedy[1][at + 1:]
+    clean = job(tmp_path / "clean", none, {"dflash-bs48": greedy})
+    r = tool(clean, "--pair", pair_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("| dflash-bs48 |"))
+    assert f"| {len(prompts) - 1}/{len(prompts)} | 1 | 0 | 0 |" in row, row
+    assert f"{-gap:.4f} (position {at})" in row, row           # NONE's token lies below the token taken
+
+    broken = job(tmp_path / "broken", greedy, {"dflash-bs48": greedy, "ddtree-b64-c8-graphs-bs48": faulty})
+    r = tool(broken, "--pair", pair_dir)
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in r.stdout.splitlines() if "-bs48 |" in line}
+    assert f"| {len(prompts)}/{len(prompts)} | 0 | 0 | 0 | - |" in rows["dflash-bs48"]
+    assert f"| {len(prompts) - 1}/{len(prompts)} | 0 | 0 | 1 |" in rows["ddtree-b64-c8-graphs-bs48"]
+
+
+def test_bad_input_is_named(sweep, tmp_path):
+    pair_dir, prompts, greedy, _ = sweep
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = tool(empty, "--pair", pair_dir)
+    assert r.returncode == 2 and f"{empty} holds neither answers.json nor none_outputs.json" in r.stderr, r.stderr
+    r = tool(empty, "--pair", tmp_path / "nowhere")
+    assert r.returncode == 2 and "nowhere/target/config.json" in r.stderr and "missing" in r.stderr, r.stderr
+    short = job(tmp_path / "short", greedy[:5], {"dflash-bs48": greedy[:5]})
+    r = tool(short, "--pair", pair_dir)
+    assert r.returncode == 2 and "dflash-bs48 at load 1: 5 answers" in r.stderr and "--prompt-files" in r.stderr
+    r = tool(short, "--pair", pair_dir, "--loads", "one")
+    assert r.returncode == 2 and "--loads 'one'" in r.stderr

@@ -1,0 +1,212 @@
+"""The speed sweep's temperature-0 answers judged where they first part from NONE's, by the float32 referee.
+
+The sweep (bench/sglang_speed.py) counts how many of a setting's greedy answers equal NONE's; on a bf16 target
+that count says little by itself (2026-12-06, H100: SGLang's DFLASH equal on 12 of 24 answers, DDTREE on 14-16).
+This tool reads the answers a sweep job saved (answers.json beside none_outputs.json), finds each answer's first
+parting from NONE's answer to the same prompt, and asks the float32 model (weights rounded to bf16 as the export
+serves them, referee.bf16_served_pair) about it: the token taken is its own argmax ("exact"), within a near tie of
+NONE's token ("float32 tie", referee.NEAR_TIE), or neither ("real difference"). A lossless setting parts only at
+ties, as SGLang's DFLASH (the control, judged the same way in the same job) does; a tree-mask fault parts where
+the float32 model disagrees by far more. Only the first parting of an answer is judged: past it the contexts differ
+and NONE's answer no longer says what plain decoding would do.
+
+    PYTHONPATH=src:. python3 -m tests.gpu_sglang.speed_partings --pair SPEED_DIR/pair/b16 JOB_OUT... [--loads 1,8]
+
+--pair: the reference pair the sweep exported (bN with target/ and draft/; the prompt files two folders up, as
+speed_sweep.sh train leaves them, or --prompt-files). JOB_OUT: the sweep's output folders (`fixed-off`,
+`fixed-on`, `schedule`), NONE's answers read from whichever holds them. Prints a table per setting and load;
+exits 1 when any answer parts at a real difference, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.gpu_sglang.referee import Parting, Referee, is_near_tie
+
+ANSWERS = "answers.json"            # bench/sglang_speed.ANSWERS
+NONE_ANSWERS = "none_outputs.json"
+KINDS = ("exact", "float32 tie", "real difference")
+
+
+@dataclass(frozen=True)
+class SweepAnswers:
+    """What the jobs saved: each speculative setting's answers by load, NONE's by overlap mode and load."""
+
+    settings: dict[str, dict[int, list[list[int]]]]     # config -> load -> answers
+    none: dict[str, list[list[int]]]                    # "on-1" / "off-8" ... -> NONE's answers
+
+
+@dataclass
+class SettingTally:
+    """One setting at one load: its answers against NONE's."""
+
+    config: str
+    load: int
+    answers: int = 0
+    equal: int = 0
+    kinds: Counter = field(default_factory=Counter)
+    worst: Parting | None = None                        # the parting the float32 model disagrees with most
+
+    def add(self, parting: Parting | None) -> None:
+        self.answers += 1
+        if parting is None:
+            self.equal += 1
+            return
+        self.kinds[parting.kind] += 1
+        if self.worst is None or parting.float32_gap > self.worst.float32_gap:
+            self.worst = parting
+
+    @property
+    def real(self) -> int:
+        return self.kinds["real difference"]
+
+
+def first_parting(want: list[int], have: list[int]) -> int | None:
+    """The first position where `have` leaves `want` (a shorter answer parts where it ends); None when equal."""
+    for i, (w, h) in enumerate(zip(want, have)):
+        if w != h:
+            return i
+    return None if len(want) == len(have) else min(len(want), len(have))
+
+
+def judge_parting(referee: Referee, context: list[int], position: int, plain: int, taken: int) -> Parting:
+    """The float32 verdict on NONE's token `plain` against the token `taken` after `context` (prompt + shared
+    answer prefix). bf16_gap is NaN: the sweep asks NONE for no log-probs."""
+    logprobs = referee.logprobs(context)                                          # [V]
+    values, tokens = logprobs.topk(min(8, logprobs.numel()))
+    top = {int(t): float(v) for t, v in zip(tokens, values)}
+    best = int(tokens[0])
+    gap = float(logprobs[plain] - logprobs[taken])
+    kind = "exact" if taken == best else "float32 tie" if is_near_tie(top, taken) else "real difference"
+    return Parting(position, plain, taken, float("nan"), kind, best, gap)
+
+
+def judge_answer(referee: Referee, prompt: list[int], want: list[int], have: list[int]) -> Parting | None:
+    at = first_parting(want, have)
+    if at is None:
+        return None
+    if at >= min(len(want), len(have)):
+        raise ValueError(f"an answer of {len(have)} tokens against NONE's {len(want)}: the sweep asks every request "
+                         "for the same number with ignore_eos, so the files are not one job's")
+    return judge_parting(referee, prompt + want[:at], at, want[at], have[at])
+
+
+def judge_setting(referee: Referee, config: str, load: int, prompts: list[list[int]], none: list[list[int]],
+                  answers: list[list[int]]) -> SettingTally:
+    if not (len(prompts) == len(none) == len(answers)):
+        raise ValueError(f"{config} at load {load}: {len(answers)} answers, {len(none)} of NONE's, {len(prompts)} "
+                         "prompts - the prompt files are not the ones the sweep used (--prompt-files)")
+    tally = SettingTally(config, load)
+    for prompt, want, have in zip(prompts, none, answers):
+        tally.add(judge_answer(referee, prompt, want, have))
+    return tally
+
+
+def none_key(config: str, load: int) -> str:
+    """NONE's answers of the setting's own overlap mode (bench/sglang_speed.reference_key)."""
+    return f"{'on' if '-overlap' in config else 'off'}-{load}"
+
+
+def read_jobs(folders: list[Path]) -> SweepAnswers:
+    settings: dict[str, dict[int, list[list[int]]]] = {}
+    none: dict[str, list[list[int]]] = {}
+    for folder in folders:
+        if not (folder / ANSWERS).is_file() and not (folder / NONE_ANSWERS).is_file():
+            raise FileNotFoundError(f"{folder} holds neither {ANSWERS} nor {NONE_ANSWERS}: name a sweep job's output "
+                                    "folder (speed.tgz's ddtree-speed-out/fixed-off, fixed-on or schedule; jobs "
+                                    "before 2026-12-06 saved no answers of their own)")
+        if (folder / NONE_ANSWERS).is_file():
+            none.update(json.loads((folder / NONE_ANSWERS).read_text()))
+        if (folder / ANSWERS).is_file():
+            for config, by_load in json.loads((folder / ANSWERS).read_text()).items():
+                settings.setdefault(config, {}).update({int(k): v for k, v in by_load.items()})
+    return SweepAnswers(settings, none)
+
+
+def sweep_prompts(prompt_files: tuple[Path, Path], load: int) -> list[list[int]]:
+    """The sweep's prompts at `load` (bench/sglang_speed.mixed_prompts over the pair's prompt files)."""
+    from sglang_speed import mixed_prompts, prompts_per_load      # bench/ on sys.path (main puts it there)
+
+    heldout, seen = (json.loads(p.read_text()) for p in prompt_files)
+    return mixed_prompts(heldout, seen, prompts_per_load(load))
+
+
+def judge_sweep(referee: Referee, found: SweepAnswers, prompt_files: tuple[Path, Path],
+                loads: tuple[int, ...]) -> list[SettingTally]:
+    out = []
+    for config in sorted(found.settings):
+        for load in loads:
+            answers = found.settings[config].get(load)
+            none = found.none.get(none_key(config, load))
+            if answers is None or none is None:
+                continue
+            out.append(judge_setting(referee, config, load, sweep_prompts(prompt_files, load), none, answers))
+    return out
+
+
+def table(tallies: list[SettingTally]) -> str:
+    lines = ["| setting | load | equal to NONE | " + " | ".join(KINDS) + " | largest float32 gap at a parting |",
+             "|---|---|---|---|---|---|---|"]
+    for t in tallies:
+        worst = f"{t.worst.float32_gap:.4f} (position {t.worst.position})" if t.worst else "-"
+        lines.append(f"| {t.config} | {t.load} | {t.equal}/{t.answers} | "
+                     + " | ".join(str(t.kinds[k]) for k in KINDS) + f" | {worst} |")
+    return "\n".join(lines)
+
+
+def loads_arg(text: str) -> tuple[int, ...]:
+    try:
+        loads = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        loads = ()
+    if not loads or min(loads) < 1:
+        raise argparse.ArgumentTypeError(f"--loads {text!r}: give running-request counts the sweep measured, "
+                                         "comma-separated, e.g. 1,8")
+    return loads
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("jobs", nargs="+", type=Path, help="the sweep's job output folders")
+    ap.add_argument("--pair", required=True, type=Path, help="the reference pair folder (bN: target/, draft/)")
+    ap.add_argument("--prompt-files", nargs=2, type=Path, metavar=("HELDOUT", "TRAIN"),
+                    help="the sweep's prompt files (default: heldout_prompts.json, train_prompts.json beside bN)")
+    ap.add_argument("--loads", type=loads_arg, default=(1,), help="loads to judge (default 1)")
+    args = ap.parse_args(argv)
+    prompt_files = tuple(args.prompt_files or (args.pair.parent / "heldout_prompts.json",
+                                               args.pair.parent / "train_prompts.json"))
+    missing = [str(p) for p in (args.pair / "target" / "config.json", *prompt_files) if not p.is_file()]
+    if missing:
+        print(f"speed_partings: --pair {args.pair}: {', '.join(missing)} missing (give the pair's bN folder as "
+              "speed_sweep.sh train leaves it, or --prompt-files)", file=sys.stderr)
+        return 2
+    try:
+        found = read_jobs(args.jobs)
+    except FileNotFoundError as err:
+        print(f"speed_partings: {err}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from tests.gpu_sglang.referee import bf16_served_pair, target_referee
+
+    referee = target_referee(bf16_served_pair(args.pair, "cpu").target.eval(), "cpu")
+    try:
+        tallies = judge_sweep(referee, found, prompt_files, args.loads)
+    except ValueError as err:
+        print(f"speed_partings: {err}", file=sys.stderr)
+        return 2
+    if not tallies:
+        print(f"speed_partings: no setting's answers at loads {args.loads} beside NONE's in {args.jobs}",
+              file=sys.stderr)
+        return 2
+    print(table(tallies))
+    return 1 if any(t.real for t in tallies) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
