@@ -104,7 +104,10 @@ def test_targets_hold_the_candidate_to_every_load_and_compute_step_efficiency():
             row("ddtree-found-overlap", "DDTREE", 8, 2450, budget="1:64,3:32", overlap=True, accept=5.1)]
     found = {t.what: t for t in speed.targets(rows, (1, 8), "ddtree-found-overlap")}
     ratio = found["DDTREE >= 1.5 x DFLASH at 1 request, overlap scheduler on both"]
-    assert ratio.met and "1.62x" in ratio.measured
+    assert ratio.met and "1.62x" in ratio.measured and "tokens per verify step" not in ratio.measured
+    rows[2].tokens_per_step, rows[2].step_ms, rows[3].tokens_per_step, rows[3].step_ms = 3.81, 3.66, 5.42, 4.42
+    split = {t.what: t for t in speed.targets(rows, (1,), "ddtree-found-overlap")}[ratio.what]
+    assert "(tokens per verify step 5.42 / 3.81 = 1.42x, step ms 4.42 / 3.66 = 1.21x)" in split.measured
     assert found["ddtree-found-overlap >= max(NONE, DFLASH) at 1 running requests"].met
     at8 = found["ddtree-found-overlap >= max(NONE, DFLASH) at 8 running requests"]
     assert not at8.met and "none-overlap-bs48 2500" in at8.measured
