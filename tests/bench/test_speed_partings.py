@@ -1,7 +1,8 @@
 """tests/gpu_sglang/speed_partings.py on a small trained speed pair (CPU): answers equal to NONE's are counted equal;
 an answer that parts where NONE took a token the float32 model ranks below its own choice passes as "exact"; a
 deliberate fault - an answer that takes a token the float32 model puts far below NONE's - is a real difference and
-fails the run; jobs without answers and prompt files that are not the sweep's are refused by name."""
+fails the run; jobs without answers and prompt files that are not the sweep's are refused by name; the census of
+NONE's own answers finds where float32's greedy choice parts from one."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def tool(*args) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """A trained small pair, the sweep's 1-request prompts and NONE's answers to them (the float32 referee's own
-    greedy answers, TOKENS each), and the referee's log-probs along them."""
+    """A trained small pair, the sweep's 1-request prompts, NONE's answers to them (the float32 referee's own
+    greedy answers, TOKENS each), the referee and its target (bf16-rounded weights in float32)."""
     import torch
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -43,7 +44,7 @@ def sweep(tmp_path_factory):
     target = bf16_served_pair(pair_dir, "cpu").target.eval()
     referee = target_referee(target, "cpu")
     greedy = [target.greedy_continue(torch.tensor([p]), TOKENS)[0, len(p):].tolist() for p in prompts]
-    return pair_dir, prompts, greedy, referee
+    return pair_dir, prompts, greedy, referee, target
 
 
 def job(folder: Path, none: list[list[int]], settings: dict[str, list[list[int]]]) -> Path:
@@ -59,7 +60,7 @@ def ranked(referee, context: list[int]) -> list[int]:
 
 
 def test_equal_exact_and_a_real_difference(sweep, tmp_path):
-    pair_dir, prompts, greedy, referee = sweep
+    pair_dir, prompts, greedy, referee, _ = sweep
     at = 3
     # NONE took the float32 model's second choice at `at` in answer 0 (a bf16 flip); the setting took its first
     none = [list(a) for a in greedy]
@@ -87,7 +88,7 @@ def test_equal_exact_and_a_real_difference(sweep, tmp_path):
 
 
 def test_bad_input_is_named(sweep, tmp_path):
-    pair_dir, prompts, greedy, _ = sweep
+    pair_dir, prompts, greedy, _, _ = sweep
     empty = tmp_path / "empty"
     empty.mkdir()
     r = tool(empty, "--pair", pair_dir)
@@ -99,3 +100,19 @@ def test_bad_input_is_named(sweep, tmp_path):
     assert r.returncode == 2 and "dflash-bs48 at load 1: 5 answers" in r.stderr and "--prompt-files" in r.stderr
     r = tool(short, "--pair", pair_dir, "--loads", "one")
     assert r.returncode == 2 and "--loads 'one'" in r.stderr
+
+
+def test_the_census_finds_where_float32_parts_from_nones_own_answer(sweep, tmp_path):
+    from tests.gpu_sglang import speed_partings
+
+    pair_dir, prompts, greedy, referee, target = sweep
+    own = speed_partings.answer_ties(target, prompts[0], greedy[0])
+    assert own.float32_parts_at is None and own.min_gap >= 0
+    at = 4
+    flipped = greedy[0][:at] + [ranked(referee, prompts[0] + greedy[0][:at])[1]] + greedy[0][at + 1:]
+    assert speed_partings.answer_ties(target, prompts[0], flipped).float32_parts_at == at
+    none = [flipped] + [list(a) for a in greedy[1:]]
+    r = tool(job(tmp_path / "census", none, {}), "--pair", pair_dir, "--census")
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("| off-1 |"))
+    assert row.startswith(f"| off-1 | {len(prompts)} |") and row.endswith("| 1 |"), row

@@ -11,11 +11,14 @@ the float32 model disagrees by far more. Only the first parting of an answer is 
 and NONE's answer no longer says what plain decoding would do.
 
     PYTHONPATH=src:. python3 -m tests.gpu_sglang.speed_partings --pair SPEED_DIR/pair/b16 JOB_OUT... [--loads 1,8]
+        [--census]
 
 --pair: the reference pair the sweep exported (bN with target/ and draft/; the prompt files two folders up, as
 speed_sweep.sh train leaves them, or --prompt-files). JOB_OUT: the sweep's output folders (`fixed-off`,
 `fixed-on`, `schedule`), NONE's answers read from whichever holds them. Prints a table per setting and load;
-exits 1 when any answer parts at a real difference, 2 on bad input.
+exits 1 when any answer parts at a real difference, 2 on bad input. --census also reads NONE's own answers with the
+float32 model (teacher-forced): how many pass a step within NEAR_TIE of a tie, and how many float32's own greedy choice
+parts from - what an equality count on this target can be expected to lose to rounding.
 """
 
 from __future__ import annotations
@@ -160,6 +163,47 @@ def table(tallies: list[SettingTally]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class AnswerTies:
+    """NONE's answer read by the float32 model: how close to a tie its steps come, and where float32's own greedy
+    choice first differs from it."""
+
+    min_gap: float                  # the smallest float32 top-2 log-prob gap over the answer's tokens
+    near_ties: int                  # steps whose top-2 gap is within referee.NEAR_TIE
+    float32_parts_at: int | None    # the first step where float32's argmax is not NONE's token (None: never)
+
+
+def answer_ties(target, prompt: list[int], answer: list[int]) -> AnswerTies:
+    """One teacher-forced float32 pass over prompt + answer: the top-2 gap at each of the answer's steps."""
+    import torch
+
+    from tests.gpu_sglang.referee import NEAR_TIE
+
+    with torch.no_grad():
+        logits = target.forward_sequence(torch.tensor([prompt + answer])).logits[0].float()   # [P + A, V]
+    steps = torch.log_softmax(logits[len(prompt) - 1: len(prompt) - 1 + len(answer)], -1)     # [A, V]
+    top = steps.topk(2, dim=-1)
+    gaps = top.values[:, 0] - top.values[:, 1]                                                  # [A]
+    differs = (top.indices[:, 0] != torch.tensor(answer)).nonzero()
+    return AnswerTies(min_gap=float(gaps.min()), near_ties=int((gaps <= NEAR_TIE).sum()),
+                      float32_parts_at=int(differs[0, 0]) if len(differs) else None)
+
+
+def census(target, found: SweepAnswers, prompt_files: tuple[Path, Path], loads: tuple[int, ...]) -> str:
+    """How many of NONE's answers pass a near tie (what a temperature-0 equality count on this target can expect
+    to part at), per overlap mode and load."""
+    lines = ["| NONE's answers | answers | with a step within NEAR_TIE of a tie | float32's greedy parts from it |",
+             "|---|---|---|---|"]
+    for key in sorted(found.none):
+        load = int(key.split("-")[1])
+        if load not in loads:
+            continue
+        ties = [answer_ties(target, p, a) for p, a in zip(sweep_prompts(prompt_files, load), found.none[key])]
+        lines.append(f"| {key} | {len(ties)} | {sum(t.near_ties > 0 for t in ties)} | "
+                     f"{sum(t.float32_parts_at is not None for t in ties)} |")
+    return "\n".join(lines)
+
+
 def loads_arg(text: str) -> tuple[int, ...]:
     try:
         loads = tuple(int(x) for x in text.split(","))
@@ -178,6 +222,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-files", nargs=2, type=Path, metavar=("HELDOUT", "TRAIN"),
                     help="the sweep's prompt files (default: heldout_prompts.json, train_prompts.json beside bN)")
     ap.add_argument("--loads", type=loads_arg, default=(1,), help="loads to judge (default 1)")
+    ap.add_argument("--census", action="store_true",
+                    help="also count the near ties along NONE's own answers (float32, teacher-forced)")
     args = ap.parse_args(argv)
     prompt_files = tuple(args.prompt_files or (args.pair.parent / "heldout_prompts.json",
                                                args.pair.parent / "train_prompts.json"))
@@ -194,17 +240,21 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from tests.gpu_sglang.referee import bf16_served_pair, target_referee
 
-    referee = target_referee(bf16_served_pair(args.pair, "cpu").target.eval(), "cpu")
+    target = bf16_served_pair(args.pair, "cpu").target.eval()
+    referee = target_referee(target, "cpu")
     try:
         tallies = judge_sweep(referee, found, prompt_files, args.loads)
     except ValueError as err:
         print(f"speed_partings: {err}", file=sys.stderr)
         return 2
-    if not tallies:
+    if args.census:
+        print(census(target, found, prompt_files, args.loads) + "\n")
+    if not tallies and not args.census:
         print(f"speed_partings: no setting's answers at loads {args.loads} beside NONE's in {args.jobs}",
               file=sys.stderr)
         return 2
-    print(table(tallies))
+    if tallies:
+        print(table(tallies))
     return 1 if any(t.real for t in tallies) else 0
 
 
