@@ -288,7 +288,7 @@ def references_from(paths: list[Path]) -> dict[str, list[list[int]]]:
     """NONE's answers the earlier jobs saved beside their results.json (none_outputs.json), by mode and load."""
     out: dict[str, list[list[int]]] = {}
     for path in paths:
-        saved = path.parent / "none_outputs.json"
+        saved = path.parent / NONE_ANSWERS
         if saved.is_file():
             out.update(json.loads(saved.read_text()))
     return out
@@ -474,6 +474,7 @@ def save_rows(rows: list[SpeedRow], out: Path) -> None:
 
 
 ANSWERS = "answers.json"      # every speculative setting's temperature-0 answers: {config: {load: [[ids]]}}
+NONE_ANSWERS = "none_outputs.json"   # NONE's: {reference_key: [[ids]]}, the others' temperature-0 reference
 
 
 def save_answers(out: Path, config: str, load: int, outputs: list[list[int]]) -> None:
@@ -512,7 +513,7 @@ def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], pro
                 continue
             if cfg.algorithm == "NONE":
                 references[reference_key(cfg.overlap, load)] = outputs
-                (out / "none_outputs.json").write_text(json.dumps(references))
+                (out / NONE_ANSWERS).write_text(json.dumps(references))
             else:
                 save_answers(out, cfg.name, load, outputs)
             rows.append(row)

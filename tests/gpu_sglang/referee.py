@@ -92,7 +92,12 @@ def judge(position: int, plain_token: int, taken_token: int, plain_top: TopLogpr
         return Parting(position, plain_token, taken_token, bf16_gap, "near tie")
     if float32_logprobs is None:
         return Parting(position, plain_token, taken_token, bf16_gap, "real difference")
-    logprobs = float32_logprobs()                                                # [V]
+    return float32_parting(position, plain_token, taken_token, bf16_gap, float32_logprobs())
+
+
+def float32_parting(position: int, plain_token: int, taken_token: int, bf16_gap: float, logprobs) -> Parting:
+    """The referee's verdict from its next-token log-probs [V] on the shared prefix (a torch tensor): the token
+    taken is its argmax ("exact"), within NEAR_TIE of its best ("float32 tie"), or neither ("real difference")."""
     values, tokens = logprobs.topk(min(8, logprobs.numel()))                   # [k], [k]
     float32_top = {int(t): float(v) for t, v in zip(tokens, values)}
     gap = float(logprobs[plain_token] - logprobs[taken_token])

@@ -30,10 +30,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.gpu_sglang.referee import Parting, Referee, is_near_tie
+from tests.gpu_sglang.referee import Parting, Referee, float32_parting
 
-ANSWERS = "answers.json"            # bench/sglang_speed.ANSWERS
-NONE_ANSWERS = "none_outputs.json"
 KINDS = ("exact", "float32 tie", "real difference")
 
 
@@ -78,18 +76,6 @@ def first_parting(want: list[int], have: list[int]) -> int | None:
     return None if len(want) == len(have) else min(len(want), len(have))
 
 
-def judge_parting(referee: Referee, context: list[int], position: int, plain: int, taken: int) -> Parting:
-    """The float32 verdict on NONE's token `plain` against the token `taken` after `context` (prompt + shared
-    answer prefix). bf16_gap is NaN: the sweep asks NONE for no log-probs."""
-    logprobs = referee.logprobs(context)                                          # [V]
-    values, tokens = logprobs.topk(min(8, logprobs.numel()))
-    top = {int(t): float(v) for t, v in zip(tokens, values)}
-    best = int(tokens[0])
-    gap = float(logprobs[plain] - logprobs[taken])
-    kind = "exact" if taken == best else "float32 tie" if is_near_tie(top, taken) else "real difference"
-    return Parting(position, plain, taken, float("nan"), kind, best, gap)
-
-
 def judge_answer(referee: Referee, prompt: list[int], want: list[int], have: list[int]) -> Parting | None:
     at = first_parting(want, have)
     if at is None:
@@ -97,7 +83,8 @@ def judge_answer(referee: Referee, prompt: list[int], want: list[int], have: lis
     if at >= min(len(want), len(have)):
         raise ValueError(f"an answer of {len(have)} tokens against NONE's {len(want)}: the sweep asks every request "
                          "for the same number with ignore_eos, so the files are not one job's")
-    return judge_parting(referee, prompt + want[:at], at, want[at], have[at])
+    # the float32 verdict on the shared prefix; bf16_gap NaN: the sweep asks NONE for no log-probs
+    return float32_parting(at, want[at], have[at], float("nan"), referee.logprobs(prompt + want[:at]))
 
 
 def judge_setting(referee: Referee, config: str, load: int, prompts: list[list[int]], none: list[list[int]],
@@ -112,11 +99,15 @@ def judge_setting(referee: Referee, config: str, load: int, prompts: list[list[i
 
 
 def none_key(config: str, load: int) -> str:
-    """NONE's answers of the setting's own overlap mode (bench/sglang_speed.reference_key)."""
-    return f"{'on' if '-overlap' in config else 'off'}-{load}"
+    """NONE's answers of the setting's own overlap mode, as the sweep keys them."""
+    from sglang_speed import is_overlap, reference_key      # bench/ on sys.path (main puts it there)
+
+    return reference_key(is_overlap(config), load)
 
 
 def read_jobs(folders: list[Path]) -> SweepAnswers:
+    from sglang_speed import ANSWERS, NONE_ANSWERS
+
     settings: dict[str, dict[int, list[list[int]]]] = {}
     none: dict[str, list[list[int]]] = {}
     for folder in folders:
@@ -140,16 +131,16 @@ def sweep_prompts(prompt_files: tuple[Path, Path], load: int) -> list[list[int]]
     return mixed_prompts(heldout, seen, prompts_per_load(load))
 
 
-def judge_sweep(referee: Referee, found: SweepAnswers, prompt_files: tuple[Path, Path],
-                loads: tuple[int, ...]) -> list[SettingTally]:
+def judge_sweep(referee: Referee, found: SweepAnswers, prompts: dict[int, list[list[int]]]) -> list[SettingTally]:
+    """Every setting at every load of `prompts` (the sweep's prompts by load) that has answers beside NONE's."""
     out = []
     for config in sorted(found.settings):
-        for load in loads:
+        for load, on in prompts.items():
             answers = found.settings[config].get(load)
             none = found.none.get(none_key(config, load))
             if answers is None or none is None:
                 continue
-            out.append(judge_setting(referee, config, load, sweep_prompts(prompt_files, load), none, answers))
+            out.append(judge_setting(referee, config, load, on, none, answers))
     return out
 
 
@@ -189,16 +180,16 @@ def answer_ties(target, prompt: list[int], answer: list[int]) -> AnswerTies:
                       float32_parts_at=int(differs[0, 0]) if len(differs) else None)
 
 
-def census(target, found: SweepAnswers, prompt_files: tuple[Path, Path], loads: tuple[int, ...]) -> str:
+def census(target, found: SweepAnswers, prompts: dict[int, list[list[int]]]) -> str:
     """How many of NONE's answers pass a near tie (what a temperature-0 equality count on this target can expect
     to part at), per overlap mode and load."""
     lines = ["| NONE's answers | answers | with a step within NEAR_TIE of a tie | float32's greedy parts from it |",
              "|---|---|---|---|"]
     for key in sorted(found.none):
         load = int(key.split("-")[1])
-        if load not in loads:
+        if load not in prompts:
             continue
-        ties = [answer_ties(target, p, a) for p, a in zip(sweep_prompts(prompt_files, load), found.none[key])]
+        ties = [answer_ties(target, p, a) for p, a in zip(prompts[load], found.none[key])]
         lines.append(f"| {key} | {len(ties)} | {sum(t.near_ties > 0 for t in ties)} | "
                      f"{sum(t.float32_parts_at is not None for t in ties)} |")
     return "\n".join(lines)
@@ -232,23 +223,24 @@ def main(argv=None) -> int:
         print(f"speed_partings: --pair {args.pair}: {', '.join(missing)} missing (give the pair's bN folder as "
               "speed_sweep.sh train leaves it, or --prompt-files)", file=sys.stderr)
         return 2
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))    # sglang_speed: the sweep's own keys
     try:
         found = read_jobs(args.jobs)
     except FileNotFoundError as err:
         print(f"speed_partings: {err}", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from tests.gpu_sglang.referee import bf16_served_pair, target_referee
 
+    prompts = {load: sweep_prompts(prompt_files, load) for load in args.loads}
     target = bf16_served_pair(args.pair, "cpu").target.eval()
     referee = target_referee(target, "cpu")
     try:
-        tallies = judge_sweep(referee, found, prompt_files, args.loads)
+        tallies = judge_sweep(referee, found, prompts)
     except ValueError as err:
         print(f"speed_partings: {err}", file=sys.stderr)
         return 2
     if args.census:
-        print(census(target, found, prompt_files, args.loads) + "\n")
+        print(census(target, found, prompts) + "\n")
     if not tallies and not args.census:
         print(f"speed_partings: no setting's answers at loads {args.loads} beside NONE's in {args.jobs}",
               file=sys.stderr)
