@@ -92,37 +92,46 @@ def synthetic_curve(hw, shape, tokens, context=rank.INPUT_LEN) -> dict[int, floa
     return {t: round(cm.forward_cost(t, t, context, shape, hw).ms, 4) for t in tokens}
 
 
-RIG_HW = cm.Hardware(name="rig", memory_gbps=2900.0, tflops=216.0, layer_floor_us=94.0, allreduce=False)
+def synthetic_verify(hw, shape, widths=(9, 33, 65), loads=(1, 8, 48)) -> list[dict]:
+    return [{"budget": w - 1, "width": w, "batch": b, "tokens": w * b, "routing": "uniform", "steps": 16, "draft_ms": 1,
+             "step_ms": 2, "verify_ms": round(cm.forward_cost(w * b, b, rank.INPUT_LEN, shape, hw, verify=True).ms, 4)}
+            for w in widths for b in loads]
+
+
+RIG_HW = cm.Hardware(name="rig", memory_gbps=2900.0, expert_efficiency=0.77, tflops=216.0, layer_floor_us=94.0,
+                     verify_fixed_ms=0.8, verify_us_per_token=7.0, allreduce=False)
 
 
 def test_the_report_gathers_every_file_and_the_model_recovers_a_curve_made_by_its_own_formulas(tmp_path):
     shape = cm.rig_shape(40)
     curve = synthetic_curve(RIG_HW, shape, rank.DECODE_TOKENS)
-    verify = [{"budget": 32, "width": 33, "batch": 8, "tokens": 264, "routing": "uniform", "steps": 16, "draft_ms": 1,
-               "step_ms": 2, "verify_ms": cm.forward_cost(264, 8, rank.INPUT_LEN, shape, RIG_HW).ms}]
-    write_rig_files(tmp_path, curve, verify)
+    write_rig_files(tmp_path, curve, synthetic_verify(RIG_HW, shape))
     assert rank.main(["report", "--out", str(tmp_path), "--gpu", "H100 80GB HBM3"]) == 0
     data = json.loads((tmp_path / "rig.json").read_text())
     assert data["decode_ms"]["uniform"]["513"] == pytest.approx(curve[513], abs=1e-3)
     assert data["experts"]["uniform"] == {"1": 8.0, "33": 185.0} and data["copy_gbps"] == 2900.0
     rig = cm.load_rig(tmp_path / "rig.json")
-    hw = cm.calibrate(rig, shape)
-    # the floor and the rate come back from the two anchors alone
-    assert hw.tflops == pytest.approx(216.0, rel=1e-3) and hw.layer_floor_us == pytest.approx(94.0, abs=0.2)
-    rows = cm.check(rig, hw, shape)
-    assert len(rows) == len(curve) + 1 and max(abs(c.error) for c in rows) < 0.005
+    cal = cm.calibrate(rig, shape)
+    hw = cal.hw
+    # the constants come back from the decode curve and the two extreme widths
+    assert hw.expert_efficiency == pytest.approx(0.77) and hw.tflops == pytest.approx(216.0, rel=1e-3)
+    assert hw.layer_floor_us == pytest.approx(94.0, abs=0.2)
+    assert (hw.verify_fixed_ms, hw.verify_us_per_token) == pytest.approx((0.8, 7.0), abs=0.02)
+    rows = cm.check(rig, cal, shape)
+    assert len(rows) == len(curve) + 9 and max(abs(c.error) for c in rows) < 0.005
+    assert [c.point.width for c in rows if not c.fitted and c.point.kind == "verify"] == [33, 33, 33]
 
 
 def test_a_curve_the_formulas_cannot_follow_fails_the_check_and_bad_files_are_refused(tmp_path, capsys):
     shape = cm.rig_shape(40)
     curve = synthetic_curve(RIG_HW, shape, rank.DECODE_TOKENS)
-    curve[33] *= 1.3                                                  # a step 30% slower than the formulas allow
+    curve[33] *= 1.35                                                 # a step 35% slower than the formulas allow
     write_rig_files(tmp_path, curve, [])
     rank.main(["report", "--out", str(tmp_path)])
     assert cm.main(["--check", str(tmp_path / "rig.json")]) == 1
     out = capsys.readouterr().out
     assert "| decode | uniform | 33 | 33 x 1 |" in out and "**over 20%**" in out
-    assert "worst: -23.1% (decode uniform T=33)" in out
+    assert "9/10 within 20%" in out
     (tmp_path / "empty.json").write_text(json.dumps({"layers": 40, "decode_ms": {}}))
     assert cm.main(["--check", str(tmp_path / "empty.json")]) == 2
     assert "holds no copy bandwidth or no decode curve" in capsys.readouterr().err
