@@ -87,7 +87,7 @@ def exec_flags(unit: str) -> list[str]:
 PRODUCTION_FLAGS = [
     "--model-path /srv/models/Kimi-K2.6", "--served-model-name kimi-k2.6", "--speculative-algorithm DDTREE",
     "--speculative-draft-model-path /srv/models/Kimi-K2.6-DFlash", "--speculative-dflash-block-size 8",
-    "--speculative-ddtree-budget 32", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 48",
+    "--speculative-ddtree-budget 8", "--speculative-ddtree-topk-cap 8", "--cuda-graph-max-bs-decode 48",
     "--tp 8", "--attention-backend triton", "--trust-remote-code", "--disable-overlap-schedule",
     "--max-running-requests 48", "--host 192.0.2.10", "--port 30000", "--enable-metrics",
     "--config /etc/k26/k26-ddtree.yaml",
