@@ -122,3 +122,19 @@ def test_extra_layers_are_made_one_at_a_time_each_from_its_own_seed():
     assert all(torch.equal(one[k], again[k]) for k in one)            # the same however many are made
     assert torch.count_nonzero(one["layers.5.self_attn.o_proj.weight"]) == 0
     assert torch.count_nonzero(one["layers.5.mlp.experts.7.down_proj.weight"]) == 0
+
+
+def test_a_widening_that_forgets_the_norms_rescale_is_caught_by_the_logit_check(monkeypatch):
+    """The deliberate fault: RMSNorm weights left as they are over the wider stream. The check above must fail it."""
+    import ddtree.reference.enlarge as enlarge_module
+
+    small = small_pair()
+    monkeypatch.setattr(enlarge_module, "norm_scale", lambda small_width, big_width: 1.0)
+    wrong = enlarge(small)
+    small.target.double().eval()
+    tokens = torch.tensor([[256, 5, 9, 14, 3, 77, 41, 200, 120, 33]])
+    with torch.no_grad():
+        a = small.target.forward_sequence(tokens).logits
+        b = wrong.target.forward_sequence(tokens).logits[..., :a.shape[-1]]
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)

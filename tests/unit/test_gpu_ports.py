@@ -65,6 +65,7 @@ def module_bases() -> dict[str, int]:
     for path in [*ROOT.glob("tests/gpu_sglang/*.py"), *ROOT.glob("bench/*.py")]:
         text = path.read_text()
         for pattern in (r"base_port=(\d+)", r"PORT\", \"(\d+)\"\)", r"SCHEDULE_PORTS = (\d+)",
+                        r"(?m)^[A-Z_]+_PORT = (\d+)",
                         r"harness\.Server\([^\n]*?, (\d+)(?: \+ i)?,"):
             for m in re.finditer(pattern, text):
                 found[f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}"] = int(m.group(1))

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 69 item 3 as one GPU job, from the project root on the GPU machine after staging (docs/gpu-testbed.md):
+#   MARLIN_CACHE=/tmp/marlin-parts BG=/tmp/enlarged tests/gpu_sglang/bg.sh start bench/enlarged_pair.sh
+#   BG=/tmp/enlarged tests/gpu_sglang/bg.sh wait 540    (again at once until "[bg] ended"; carry .gpu-bundles/bin)
+# 1. trains the decidable Kimi-shaped pair whose every expert is active (bench/train_pair.py --size kimi-allexp,
+#    TRAIN_MINUTES, default 2), unless $ROOT/pair holds one;
+# 2. exports it with INT4 experts ($ROOT/small: the small INT4 pair) and enlarges it to one TP-8 rank's widths with
+#    EXTRA_LAYERS extra MoE layers (default 2: five servers of ~12 GB fit an H100 beside each other) into $BIG
+#    (/dev/shm/enlarged: 1.2 GB a MoE layer; the disk has 64 GB);
+# 3. tests/gpu_sglang/test_enlarged_pair.py (the enlarged pair's NONE against the small pair's) and
+#    test_ddtree_server.py's greedy and chain tests on the enlarged pair, its referee the small reference pair
+#    (SERVERS: the configurations, default none,dflash,ddtree-b32-c8-graphs,ddtree-b8-c4-graphs,ddtree-b7-c1-graphs).
+# Results: $OUT/results.md, results.json, logs.tgz.
+set -u
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+. .gpu-bundles/bin/env.sh
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ROOT=${ROOT:-$SGLANG_TESTBED/enlarged}; BIG=${BIG:-/dev/shm/enlarged}; OUT=${OUT:-$ROOT/out}; mkdir -p "$ROOT" "$OUT"
+EXTRA_LAYERS=${EXTRA_LAYERS:-2}
+SERVERS=${SERVERS:-none,dflash,ddtree-b32-c8-graphs,ddtree-b8-c4-graphs,ddtree-b7-c1-graphs}
+t0=$(date +%s)
+if [ -n "${MARLIN_CACHE:-}" ] && ls "$MARLIN_CACHE"/marlin-jit.tgz.part* >/dev/null 2>&1; then
+  cat "$MARLIN_CACHE"/marlin-jit.tgz.part* | tar xz -C "$HOME" && echo "[enlarged] Marlin JIT cache unpacked"
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 \
+  | grep -vi warning || true
+if [ ! -f "$ROOT/pair/b8/draft/model.safetensors" ]; then
+  python3 bench/train_pair.py --out "$ROOT/pair" --size kimi-allexp --minutes "${TRAIN_MINUTES:-2}" --block-sizes 8 \
+    --prompts 32 --device cuda | grep -E "held-out|steps in" || exit 1
+fi
+[ -d "$ROOT/small/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/pair/b8" --out "$ROOT/small" \
+  --int4-experts || exit 1
+[ -f "$BIG/target/config.json" ] || python3 -m ddtree.reference.enlarge --pair "$ROOT/pair/b8" --out "$BIG" \
+  --int4-experts --extra-layers "$EXTRA_LAYERS" || exit 1
+echo "[enlarged] pairs ready after $(( $(date +%s) - t0 )) s"
+SGLANG_DDTREE_PAIR="$BIG" SGLANG_DDTREE_REF="$ROOT/pair/b8" SGLANG_DDTREE_SMALL_PAIR="$ROOT/small" \
+SGLANG_DDTREE_PROMPTS="$ROOT/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUT" SGLANG_DDTREE_START="$SERVERS" \
+  python3 -m pytest tests/gpu_sglang/test_enlarged_pair.py tests/gpu_sglang/test_ddtree_server.py -p no:cacheprovider \
+  -q -rfE -k "enlarged or (greedy_equals and (b32-c8-graphs or b8-c4-graphs)) or chain_setting"
+rc=$?
+tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null
+echo "[enlarged] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
+exit $rc
