@@ -9,11 +9,15 @@ continuation (temperature 0) the per-step accept lengths must equal the decoder'
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ddtree import build_tree
 from ddtree.reference.pair import Pair
+from ddtree.tree import build_tree_from_candidates, candidate_count, draft_candidates
 from ddtree.verify import walk_tree
+from ddtree.width_policy import WidthPolicy
 
 
 @torch.no_grad()
@@ -50,3 +54,54 @@ def offline_accept_lengths(pair: Pair, prompt: list[int], continuation: list[int
         emitted += accepted + 1
         root += accepted + 1
     return accepts
+
+
+@dataclass(frozen=True)
+class PolicyStep:
+    option: str          # what the step verified (ddtree.width_policy.Option.name)
+    width: int           # its tokens through the target
+    accepted: int        # draft tokens it accepted
+
+
+@torch.no_grad()
+def offline_policy_steps(pair: Pair, prompt: list[int], continuation: list[int], policy: WidthPolicy,
+                         max_steps: int, first: int | None = None) -> list[PolicyStep]:
+    """offline_accept_lengths with the width chosen per step by `policy` (issue 70): each step verifies the option
+    the previous step planned (`first`, default the chain or the narrowest option, for the first step), builds the
+    widest tree of its draft for the next plan, and feeds the policy's calibration what the verified tree accepted.
+    One request (batch 1) along the target's greedy continuation."""
+    depth = pair.block_size - 1
+    need = max_steps * (depth + 1) + depth + 1
+    if len(continuation) < need:
+        raise ValueError(f"continuation has {len(continuation)} tokens: expected at least {need}")
+    dev = pair.target.lm_head.weight.device
+    seq = torch.tensor([prompt + continuation], dtype=torch.int64, device=dev)       # [1, T]
+    hidden = pair.target.forward_sequence(seq, capture=tuple(pair.draft.config.target_layer_ids)).hidden
+    names = [o.name for o in policy.options]
+    chosen = first if first is not None else (names.index("chain") if "chain" in names else 0)
+    widest = max((o.budget for o in policy.options if o.is_tree), default=depth)
+    cap = max(o.cap for o in policy.options)
+    root, steps = len(prompt) - 1, []
+    while len(steps) < max_steps:
+        draft = pair.draft.block_logits(hidden[:, :root + 1], seq[:, :root + 1],
+                                        torch.tensor([[root]], device=dev))[:, 0]    # [1, L, V]
+        option = policy.options[chosen]
+        accepted = 0
+        if option.budget > 0:
+            tree = build_tree(draft, seq[:, root], budget=option.budget, topk_cap=option.cap)
+            after = (root + tree.depths.clamp(min=0) + 1).clamp(max=seq.shape[1] - 1)    # [1, N]
+            verdict = walk_tree(tree, seq.gather(1, after))
+            accepted = int(verdict.accept_len[0])
+            if policy.calibration is not None:
+                policy.calibration.update(tree, verdict.accept_len)
+        steps.append(PolicyStep(option.name, option.width, accepted))
+        cand = draft_candidates(draft, candidate_count(cap, max(widest, depth), draft.shape[-1]))
+        full = build_tree_from_candidates(cand, seq[:, root], max(widest, 1))
+        chosen = int(policy.plan(full, cand, batch=1))
+        root += accepted + 1
+    return steps
+
+
+def modelled_tokens_per_s(steps: list[PolicyStep], cost_ms) -> float:
+    """Tokens over the modelled time of their steps: sum(accepted + 1) / sum(cost_ms(width)) x 1000."""
+    return 1000 * sum(s.accepted + 1 for s in steps) / sum(cost_ms(s.width) for s in steps)
