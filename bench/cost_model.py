@@ -262,7 +262,7 @@ class Prediction:
 
     def schedule(self) -> str:
         """`1:8,16:32,...` over the batches: DDTREE's best budget at each (where NONE or DFLASH is faster still, the
-        budget that comes closest; winners() says where)."""
+        budget that comes closest; wins() says where)."""
         trees = [s for s in self.settings if s.budget is not None]
         steps: list[tuple[int, int]] = []
         for i, batch in enumerate(self.batches):

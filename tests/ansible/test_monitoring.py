@@ -204,7 +204,7 @@ def test_the_service_info_comes_from_the_rendered_units(tmp_path, vault_pass):
     repository's templates, read back as the configuration they run; a NONE unit and graphs off too."""
     production = render("production", tmp_path, vault_pass)["k26-gpu-01.service"]
     assert collector.service_lines(production, "20261202T0500Z-abc") == [
-        'k26_service_info{release="20261202T0500Z-abc",algorithm="DDTREE",budget="32",topk_cap="8",cuda_graph="true"} 1']
+        'k26_service_info{release="20261202T0500Z-abc",algorithm="DDTREE",budget="8",topk_cap="8",cuda_graph="true"} 1']
     other = tmp_path / "other"
     other.mkdir()
     none = render("production", other, vault_pass, "-e", "k26_speculative_algorithm=NONE", "-e", "k26_cuda_graph=false",
