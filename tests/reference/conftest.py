@@ -46,3 +46,12 @@ def kimi_shaped_configs(vocab_size: int = 260, block_size: int = 4, mask_token_i
 @pytest.fixture(scope="session")
 def pair8():
     return small_vocab_pair()
+
+
+@pytest.fixture(scope="session")
+def kimi_pair():
+    """The Kimi-shaped pair of kimi_shaped_configs, random weights, in float64."""
+    pair = init_pair(*kimi_shaped_configs(), seed=11, std=0.08)
+    pair.target.double()
+    pair.draft.double()
+    return pair

@@ -8,17 +8,6 @@ import pytest
 import torch
 
 from ddtree.reference import generate
-from ddtree.reference.pair import init_pair
-
-from .conftest import kimi_shaped_configs
-
-
-@pytest.fixture(scope="module")
-def kimi_pair():
-    pair = init_pair(*kimi_shaped_configs(), seed=11, std=0.08)
-    pair.target.double()
-    pair.draft.double()
-    return pair
 
 
 @pytest.mark.parametrize("budget,cap", [(3, 1), (8, 4), (16, 8)])

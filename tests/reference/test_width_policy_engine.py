@@ -9,12 +9,11 @@ from collections import Counter
 import pytest
 
 from ddtree.reference import RequestParams, generate
-from ddtree.reference.pair import init_pair
 from ddtree.reference.policy_decoder import PolicyDecoder
 from ddtree.width_policy import Calibration, CostCurve, WidthPolicy, options_for
 
 from ..helpers import chi_square_pvalue as chi_square
-from .conftest import kimi_shaped_configs, small_vocab_pair
+from .conftest import small_vocab_pair
 from .test_engine import PARAMS, PROMPTS, exact_ar_distribution
 
 # a curve on which the policy's value of its options lies close together, so that steps choose differently
@@ -32,14 +31,6 @@ def run(decoder: PolicyDecoder, prompts, requests, seed=None):
     while not state.done:
         decoder.step(state)
     return state.outputs
-
-
-@pytest.fixture(scope="module")
-def kimi_pair():
-    pair = init_pair(*kimi_shaped_configs(), seed=11, std=0.08)
-    pair.target.double()
-    pair.draft.double()
-    return pair
 
 
 @pytest.mark.parametrize("curve", sorted(MIXED))
