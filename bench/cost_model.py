@@ -2,7 +2,7 @@
 checked against a measured curve: the test bed's timing rig of one TP-8 rank (issue 69, bench/kimi_rank.py).
 
     python bench/cost_model.py [--context 4096] [--bus-gbps 20] [--allreduce-latency-us 40] [--json]
-    python bench/cost_model.py --check RIG.json [--rig-gpu h100]   the model against the rig, every row
+    python bench/cost_model.py --check RIG.json     the model fitted on part of a rig and checked on the rest
 
 Per rank (one of the 8 GPUs), one forward of T tokens for `batch` requests of `context` tokens each:
 
@@ -19,9 +19,9 @@ Per rank (one of the 8 GPUs), one forward of T tokens for `batch` requests of `c
 
 The distinct routed experts of T tokens are a routing assumption: uniform (E x (1 - (1 - k / E)^T), SGLang's
 SGLANG_SIMULATE_UNIFORM_EXPERTS in expectation), round-robin (min(E, k T): no two tokens share an expert) or
-measured. The bandwidth, the rate and the kernel floor are the calibration: on the rig they are read from its own
-curve (the copy bandwidth, and the floor and rate that its T = 1 and largest-T steps leave); for the production host
-the rig's are carried over by the ratios in docs/cost-model.md.
+measured. The bandwidth, the rate and the kernel floor are the calibration: on the rig the bandwidth is its device
+copy and the rest is fitted on its uniform decode curve and its narrowest and widest verify widths (calibrate); for
+the production host the rig's are carried over by the ratios in docs/cost-model.md.
 """
 
 from __future__ import annotations
@@ -147,21 +147,23 @@ class Forward:
         return self.memory_ms + self.compute_ms + self.floor_ms + self.allreduce_ms
 
 
+def unrouted_params(shape: KimiShape, tp: int) -> float:
+    """The bf16 weights one rank reads for any token: attention, the dense layer, the shared experts, the LM head."""
+    return (shape.attention_params(tp) * shape.layers + shape.dense_params(tp) * shape.dense_layers
+            + shape.shared_experts * shape.expert_params(tp) * shape.moe_layers + shape.head_params(tp))
+
+
 def weight_bytes(tokens: int, shape: KimiShape, hw: Hardware, routing: str = "uniform",
                  measured: dict[int, float] | None = None) -> tuple[float, float]:
     """(bf16 bytes, routed INT4 expert bytes) one rank reads in a forward of `tokens` tokens."""
     tp = hw.gpus
-    bf16 = 2 * (shape.attention_params(tp) * shape.layers + shape.dense_params(tp) * shape.dense_layers
-                + shape.shared_experts * shape.expert_params(tp) * shape.moe_layers + shape.head_params(tp))
     routed = (distinct_experts(tokens, shape, routing, measured) * shape.expert_params(tp)
               * shape.int4_bytes_per_param * shape.moe_layers)
-    return bf16, routed
+    return 2 * unrouted_params(shape, tp), routed
 
 
 def forward_flops(tokens: int, batch: int, context: int, shape: KimiShape, tp: int) -> float:
-    per_token = (shape.attention_params(tp) * shape.layers + shape.dense_params(tp) * shape.dense_layers
-                 + (shape.shared_experts + shape.active_experts) * shape.expert_params(tp) * shape.moe_layers
-                 + shape.head_params(tp))
+    per_token = unrouted_params(shape, tp) + shape.active_experts * shape.expert_params(tp) * shape.moe_layers
     attention = tokens * context * shape.attention_flops_per_context_token(tp) * shape.layers
     return 2 * tokens * per_token + attention
 

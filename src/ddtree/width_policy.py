@@ -18,8 +18,8 @@ reads the plan after the previous step's own synchronisation, where the schedule
 decode step adds no host synchronisation. Losslessness does not depend on it: any tree, of any width, is verified
 exactly (ddtree.verify); the policy only decides how many nodes the next verify carries.
 
-    policy = WidthPolicy(options_for((8, 16, 32, 64), depth=7, cap=8), CostCurve.from_rows(rows))
-    plan = policy.plan(tree, candidates, batch)    # device int64 [] : an index into policy.options
+    policy = WidthPolicy(options_for((8, 16, 32, 64), depth=7, cap=8), CostCurve(table))
+    plan = policy.plan_from_draft(draft_logits, roots, batch)    # device int64 []: an index into policy.options
     policy.calibration.update(tree_verified, accept_len)
 """
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ddtree import _checks
+from ddtree.tree import build_tree_from_candidates, candidate_count, draft_candidates
 from ddtree.types import Candidates, DraftTree
 
 
@@ -177,6 +178,11 @@ class WidthPolicy:
             for batch in sorted({b for b, _ in self.curve.table}):
                 self.curve.at(batch, o.width)                   # every option's width measured, or refused by name
 
+    @property
+    def widest(self) -> int:
+        """The widest tree budget among the options (1 when there is none: the chain reads only top-1 candidates)."""
+        return max((o.budget for o in self.options if o.is_tree), default=1)
+
     def costs(self, batch: int) -> list[float]:
         return [self.curve.at(batch, o.width) for o in self.options]
 
@@ -200,3 +206,11 @@ class WidthPolicy:
             raise _checks.fail("tree width", tree.width, f"expected a tree as wide as the widest option ({widest + 1})")
         cost = torch.tensor(self.costs(batch), device=tree.scores.device)
         return torch.argmax(self.expectations(tree, cand, live) / cost)
+
+    def plan_from_draft(self, draft_logits: torch.Tensor, roots: torch.Tensor, batch: int,
+                        live: torch.Tensor | None = None) -> torch.Tensor:
+        """plan() from a step's draft logits [bs, L, V] and roots [bs]: its candidates (the options' widest cap) and
+        its widest tree."""
+        cap = max(o.cap for o in self.options)
+        cand = draft_candidates(draft_logits, candidate_count(cap, self.widest, draft_logits.shape[-1]))
+        return self.plan(build_tree_from_candidates(cand, roots, self.widest), cand, batch, live)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -91,6 +90,15 @@ def check(cfg: TargetConfig, big: Enlargement) -> None:
 def norm_scale(small: int, big: int) -> float:
     """An RMSNorm's weight factor when its input gains big - small zero dimensions."""
     return math.sqrt(small / big)
+
+
+def widen_projection(name: str, t: torch.Tensor, hidden: int) -> torch.Tensor:
+    """A projection that reads the residual stream (q/k/v, gate, up: zero columns) or writes it (o, down: zero rows)."""
+    if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")):
+        return pad(t, (t.shape[0], hidden))
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return pad(t, (hidden, t.shape[1]))
+    raise ValueError(f"tensor {name!r} has no enlargement rule (a layout this module does not know)")
 
 
 def enlarged_target_config(cfg: TargetConfig, big: Enlargement) -> TargetConfig:
@@ -158,9 +166,6 @@ class Int4Experts:
 
 # --- the target -------------------------------------------------------------------------------------------------------
 
-LAYER = re.compile(r"layers\.(\d+)\.(.*)")
-
-
 def widen_target_tensor(rest: str, t: torch.Tensor, cfg: TargetConfig, big: Enlargement) -> torch.Tensor:
     """One non-expert tensor of a small layer (its name after `layers.i.`) at the enlarged widths."""
     h, hs = big.hidden, norm_scale(cfg.hidden_size, big.hidden)
@@ -198,13 +203,13 @@ def expert_tensors(prefix: str, layer: torch.nn.Module, cfg: TargetConfig, big: 
         for proj, shape in (("gate_proj", (inner, h)), ("up_proj", (inner, h)), ("down_proj", (h, inner))):
             stem = f"{prefix}mlp.experts.{e}.{proj}."
             if e < cfg.n_routed_experts:
-                out.update(experts.real(stem, pad(getattr(layer.mlp.experts[e], proj).weight.detach(), shape)))
+                out.update(experts.real(stem, widen_projection(stem + "weight",
+                                                               getattr(layer.mlp.experts[e], proj).weight.detach(), h)))
             else:
                 out.update(experts.zero(stem, shape))
-    shared = layer.mlp.shared_experts
     for proj in ("gate_proj", "up_proj", "down_proj"):
-        w = getattr(shared, proj).weight.detach()
-        out[f"{prefix}mlp.shared_experts.{proj}.weight"] = pad(w, (w.shape[0], h) if proj != "down_proj" else (h, w.shape[1]))
+        name = f"{prefix}mlp.shared_experts.{proj}.weight"
+        out[name] = widen_projection(name, getattr(layer.mlp.shared_experts, proj).weight.detach(), h)
     return out
 
 
@@ -293,15 +298,11 @@ def widen_draft_tensor(name: str, t: torch.Tensor, cfg: TargetConfig, dcfg: Draf
     if name == "fc.weight":                                              # [H, n x H] per captured layer
         n = len(dcfg.target_layer_ids)
         return pad(t.view(dcfg.hidden_size, n, cfg.hidden_size), (h, n, h)).reshape(h, n * h)
-    if name.endswith(("norm.weight",)) and not name.endswith(("q_norm.weight", "k_norm.weight")):
-        return pad(t * hs, (h,))
-    if name.endswith(("q_norm.weight", "k_norm.weight")):
+    if name.endswith(("q_norm.weight", "k_norm.weight")):                # per head: its width is kept
         return t
-    if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")):
-        return pad(t, (t.shape[0], h))
-    if name.endswith(("o_proj.weight", "down_proj.weight")):
-        return pad(t, (h, t.shape[1]))
-    raise ValueError(f"draft tensor {name!r} has no enlargement rule (a draft layout this module does not know)")
+    if name.endswith("norm.weight"):                                     # over the residual stream
+        return pad(t * hs, (h,))
+    return widen_projection(name, t, h)
 
 
 def enlarged_draft_tensors(pair: Pair, big: Enlargement) -> dict[str, torch.Tensor]:

@@ -13,11 +13,33 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree import build_tree
+from ddtree import DraftTree, Verdict, build_tree
 from ddtree.reference.pair import Pair
-from ddtree.tree import build_tree_from_candidates, candidate_count, draft_candidates
 from ddtree.verify import walk_tree
 from ddtree.width_policy import WidthPolicy
+
+
+def walk_inputs(pair: Pair, prompt: list[int], continuation: list[int], need: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """prompt + continuation as one sequence [1, T] and the target hidden states the draft reads along it (one causal
+    pass); the continuation must hold `need` tokens."""
+    if len(continuation) < need:
+        raise ValueError(f"continuation has {len(continuation)} tokens: expected at least {need} "
+                         "(the tokens the steps can emit + L + 1)")
+    dev = pair.target.lm_head.weight.device
+    seq = torch.tensor([prompt + continuation], dtype=torch.int64, device=dev)       # [1, T]
+    return seq, pair.target.forward_sequence(seq, capture=tuple(pair.draft.config.target_layer_ids)).hidden
+
+
+def draft_at(pair: Pair, seq: torch.Tensor, hidden: torch.Tensor, root: int) -> torch.Tensor:
+    """The draft's logits [1, L, V] for the block after position `root`, from the context before it."""
+    return pair.draft.block_logits(hidden[:, :root + 1], seq[:, :root + 1],
+                                   torch.tensor([[root]], device=seq.device))[:, 0]
+
+
+def walk_along(tree: DraftTree, seq: torch.Tensor, root: int) -> Verdict:
+    """The tree's verdict along the known continuation: the target's token after each node is seq[root + depth + 1]."""
+    after = (root + tree.depths.clamp(min=0) + 1).clamp(max=seq.shape[1] - 1)           # [1, N]
+    return walk_tree(tree, seq.gather(1, after))
 
 
 @torch.no_grad()
@@ -34,22 +56,12 @@ def offline_accept_lengths(pair: Pair, prompt: list[int], continuation: list[int
     depth = pair.block_size - 1
     if max_new_tokens is None and max_steps is None:
         raise ValueError("offline_accept_lengths needs max_new_tokens or max_steps")
-    need = max(max_new_tokens or 0, (max_steps or 0) * (depth + 1)) + depth + 1
-    if len(continuation) < need:
-        raise ValueError(f"continuation has {len(continuation)} tokens: expected at least {need} "
-                         "(the tokens the steps can emit + L + 1)")
-    dev = pair.target.lm_head.weight.device
-    seq = torch.tensor([prompt + continuation], dtype=torch.int64, device=dev)       # [1, T]
-    hidden = pair.target.forward_sequence(seq, capture=tuple(pair.draft.config.target_layer_ids)).hidden
+    seq, hidden = walk_inputs(pair, prompt, continuation,
+                              max(max_new_tokens or 0, (max_steps or 0) * (depth + 1)) + depth + 1)
     root, emitted, accepts = len(prompt) - 1, 0, []
     while (max_new_tokens is None or emitted < max_new_tokens) and (max_steps is None or len(accepts) < max_steps):
-        draft = pair.draft.block_logits(hidden[:, :root + 1], seq[:, :root + 1],
-                                        torch.tensor([[root]], device=dev))[:, 0]    # [1, L, V]
-        tree = build_tree(draft, seq[:, root], budget=budget, topk_cap=topk_cap)
-        # the target's token after each node, along the known continuation: seq[root + depth + 1]
-        after = (root + tree.depths.clamp(min=0) + 1).clamp(max=seq.shape[1] - 1)    # [1, N]
-        verdict = walk_tree(tree, seq.gather(1, after))
-        accepted = int(verdict.accept_len[0])
+        tree = build_tree(draft_at(pair, seq, hidden, root), seq[:, root], budget=budget, topk_cap=topk_cap)
+        accepted = int(walk_along(tree, seq, root).accept_len[0])
         accepts.append(accepted)
         emitted += accepted + 1
         root += accepted + 1
@@ -71,33 +83,22 @@ def offline_policy_steps(pair: Pair, prompt: list[int], continuation: list[int],
     widest tree of its draft for the next plan, and feeds the policy's calibration what the verified tree accepted.
     One request (batch 1) along the target's greedy continuation."""
     depth = pair.block_size - 1
-    need = max_steps * (depth + 1) + depth + 1
-    if len(continuation) < need:
-        raise ValueError(f"continuation has {len(continuation)} tokens: expected at least {need}")
-    dev = pair.target.lm_head.weight.device
-    seq = torch.tensor([prompt + continuation], dtype=torch.int64, device=dev)       # [1, T]
-    hidden = pair.target.forward_sequence(seq, capture=tuple(pair.draft.config.target_layer_ids)).hidden
+    seq, hidden = walk_inputs(pair, prompt, continuation, max_steps * (depth + 1) + depth + 1)
     names = [o.name for o in policy.options]
     chosen = first if first is not None else (names.index("chain") if "chain" in names else 0)
-    widest = max((o.budget for o in policy.options if o.is_tree), default=depth)
-    cap = max(o.cap for o in policy.options)
     root, steps = len(prompt) - 1, []
     while len(steps) < max_steps:
-        draft = pair.draft.block_logits(hidden[:, :root + 1], seq[:, :root + 1],
-                                        torch.tensor([[root]], device=dev))[:, 0]    # [1, L, V]
+        draft = draft_at(pair, seq, hidden, root)                                      # [1, L, V]
         option = policy.options[chosen]
         accepted = 0
         if option.budget > 0:
             tree = build_tree(draft, seq[:, root], budget=option.budget, topk_cap=option.cap)
-            after = (root + tree.depths.clamp(min=0) + 1).clamp(max=seq.shape[1] - 1)    # [1, N]
-            verdict = walk_tree(tree, seq.gather(1, after))
+            verdict = walk_along(tree, seq, root)
             accepted = int(verdict.accept_len[0])
             if policy.calibration is not None:
                 policy.calibration.update(tree, verdict.accept_len)
         steps.append(PolicyStep(option.name, option.width, accepted))
-        cand = draft_candidates(draft, candidate_count(cap, max(widest, depth), draft.shape[-1]))
-        full = build_tree_from_candidates(cand, seq[:, root], max(widest, 1))
-        chosen = int(policy.plan(full, cand, batch=1))
+        chosen = int(policy.plan_from_draft(draft, seq[:, root], batch=1))
         root += accepted + 1
     return steps
 

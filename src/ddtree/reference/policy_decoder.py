@@ -15,7 +15,6 @@ from ddtree import DraftTree
 from ddtree.reference.engine import Decoder
 from ddtree.reference.pair import Pair
 from ddtree.reference.step import BatchState, StepIO
-from ddtree.tree import build_tree_from_candidates, candidate_count, draft_candidates
 from ddtree.width_policy import WidthPolicy
 
 
@@ -34,10 +33,10 @@ class PolicyDecoder(Decoder):
 
     def __init__(self, pair: Pair, policy: WidthPolicy, first: str = "chain"):
         depth = pair.block_size - 1
-        widest = max([depth] + [o.budget for o in policy.options])
-        super().__init__(pair, "ddtree", widest, max(o.cap for o in policy.options))
+        super().__init__(pair, "ddtree", max([depth] + [o.budget for o in policy.options]),
+                         max(o.cap for o in policy.options))
         names = [o.name for o in policy.options]
-        self.policy, self.widest = policy, widest
+        self.policy = policy
         if policy.calibration is not None:
             policy.calibration.to(self.device)
         self.choice = names.index(first) if first in names else 0
@@ -66,9 +65,7 @@ class PolicyDecoder(Decoder):
         """Learn from the verified tree; plan the next step from this step's widest tree (no host read here)."""
         if self.policy.calibration is not None and io.budget > 0:
             self.policy.calibration.update(io.tree, io.verdict.accept_len, io.live)
-        cand = draft_candidates(io.draft_logits, candidate_count(self.topk_cap, self.widest, io.draft_logits.shape[-1]))
-        wide = build_tree_from_candidates(cand, io.tree.tokens[:, 0], self.widest)
-        self.planned = self.policy.plan(wide, cand, batch=max(self.running, 1), live=io.live)
+        self.planned = self.policy.plan_from_draft(io.draft_logits, io.tree.tokens[:, 0], max(self.running, 1), io.live)
 
     def finish_step(self, state: BatchState, io: StepIO) -> list[list[int]]:
         out = super().finish_step(state, io)           # the commit: the step's one host synchronisation
