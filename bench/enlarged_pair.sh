@@ -9,7 +9,8 @@
 #    (/dev/shm/enlarged: 1.2 GB a MoE layer; the disk has 64 GB);
 # 3. tests/gpu_sglang/test_enlarged_pair.py (the enlarged pair's NONE against the small pair's) and
 #    test_ddtree_server.py's greedy and chain tests on the enlarged pair, its referee the small reference pair
-#    (SERVERS: the configurations, default none,dflash,ddtree-b32-c8-graphs,ddtree-b8-c4-graphs,ddtree-b7-c1-graphs).
+#    (SERVERS: the configurations, default none,dflash,ddtree-b32-c8-graphs,ddtree-b7-c1-graphs,ddtree-auto-c8-graphs),
+#    and tests/gpu_sglang/test_width_policy.py's tests of the width policy (issue 70) without the overlap scheduler.
 # Results: $OUT/results.md, results.json, logs.tgz.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,7 +19,7 @@ cd "$here"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ROOT=${ROOT:-$SGLANG_TESTBED/enlarged}; BIG=${BIG:-/dev/shm/enlarged}; OUT=${OUT:-$ROOT/out}; mkdir -p "$ROOT" "$OUT"
 EXTRA_LAYERS=${EXTRA_LAYERS:-2}
-SERVERS=${SERVERS:-none,dflash,ddtree-b32-c8-graphs,ddtree-b8-c4-graphs,ddtree-b7-c1-graphs}
+SERVERS=${SERVERS:-none,dflash,ddtree-b32-c8-graphs,ddtree-b7-c1-graphs,ddtree-auto-c8-graphs}
 t0=$(date +%s)
 if [ -n "${MARLIN_CACHE:-}" ] && ls "$MARLIN_CACHE"/marlin-jit.tgz.part* >/dev/null 2>&1; then
   cat "$MARLIN_CACHE"/marlin-jit.tgz.part* | tar xz -C "$HOME" && echo "[enlarged] Marlin JIT cache unpacked"
@@ -36,8 +37,9 @@ fi
 echo "[enlarged] pairs ready after $(( $(date +%s) - t0 )) s"
 SGLANG_DDTREE_PAIR="$BIG" SGLANG_DDTREE_REF="$ROOT/pair/b8" SGLANG_DDTREE_SMALL_PAIR="$ROOT/small" \
 SGLANG_DDTREE_PROMPTS="$ROOT/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUT" SGLANG_DDTREE_START="$SERVERS" \
-  python3 -m pytest tests/gpu_sglang/test_enlarged_pair.py tests/gpu_sglang/test_ddtree_server.py -p no:cacheprovider \
-  -q -rfE -k "enlarged or (greedy_equals and (b32-c8-graphs or b8-c4-graphs)) or chain_setting"
+  python3 -m pytest tests/gpu_sglang/test_enlarged_pair.py tests/gpu_sglang/test_ddtree_server.py \
+  tests/gpu_sglang/test_width_policy.py -p no:cacheprovider -q -rfE \
+  -k "enlarged or (greedy_equals_no and b32-c8-graphs) or chain_setting or ((policy or timed_before) and not overlap)"
 rc=$?
 tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null
 echo "[enlarged] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"

@@ -111,6 +111,12 @@ def check_port(port: int, what: str = "port") -> None:
                          "port base between 10000 and 21900")
 
 
+def auto_budget(word: str) -> str:
+    """A name's width-policy word as the budget flag takes it: auto -> auto, auto_8_16 -> auto:8,16."""
+    budgets = word.split("_")[1:]
+    return "auto" + (":" + ",".join(budgets) if budgets else "")
+
+
 def ddtree(budget: int, cap: int, graphs: bool = True) -> ServerConfig:
     return ServerConfig(f"ddtree-b{budget}-c{cap}-{'graphs' if graphs else 'eager'}", "DDTREE", budget, cap, graphs)
 
@@ -149,7 +155,8 @@ SUFFIXES = {
 
 
 def config(name: str) -> ServerConfig:
-    """A configuration by name: none, dflash, or ddtree-b<budget>-c<cap>-<graphs|eager>, then any of
+    """A configuration by name: none, dflash, ddtree-b<budget>-c<cap>-<graphs|eager> or the width policy
+    ddtree-auto[_B1_B2..]-c<cap>-<graphs|eager> (budget auto[:B1,B2,..]), then any of
     -k16 (the pair's block-16 draft), -wrapper (the KimiK25 wrapper's target), -int4 (INT4 routed experts),
     -moetriton (SGLang's Triton MoE runner), -flashinfer (FlashInfer attention), -radix (the radix cache), -det
     (--enable-deterministic-inference), -clp (custom logit processors enabled), -overlap (SGLang's overlap
@@ -169,6 +176,8 @@ def config(name: str) -> ServerConfig:
     if name in CONFIGS:
         return CONFIGS[name]
     parts = name.split("-")
+    if len(parts) == 4 and parts[0] == "ddtree" and parts[3] in ("graphs", "eager") and parts[1].startswith("auto"):
+        return replace(ddtree(0, int(parts[2][1:]), parts[3] == "graphs"), name=name, budget=auto_budget(parts[1]))
     if len(parts) == 4 and parts[0] == "ddtree" and parts[3] in ("graphs", "eager"):
         return ddtree(int(parts[1][1:]), int(parts[2][1:]), parts[3] == "graphs")
     raise ValueError(f"configuration {name!r} is invalid: expected none, dflash or ddtree-b<budget>-c<cap>-graphs|eager"

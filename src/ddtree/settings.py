@@ -20,6 +20,9 @@ DEFAULT_BUDGET = 32       # the tested defaults (docs/benchmarks.md)
 DEFAULT_TOPK_CAP = 8
 SCHEDULE_TEXT = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
 MAX_BUDGET = 1023         # the verify width budget + 1 stays within 1024 tokens per request
+AUTO_BUDGETS = (8, 16, 32)  # the trees `auto` chooses among, beside the chain (docs/cost-model.md: on Kimi's rank a
+                            # wider tree costs more than it earns at every load the rig measured)
+AUTO_TEXT = re.compile(r"auto(:[0-9]+(,[0-9]+)*)?")
 
 
 class DDTreeConfigError(ValueError):
@@ -153,4 +156,41 @@ def schedule_problems(budget: Schedule, topk_cap: Schedule, block_size: int | No
     for batch in schedule_batches(budget, topk_cap):
         for message in DDTreeSettings(budget.at(batch), topk_cap.at(batch), block_size).problems(names):
             out.append(f"from batch size {batch}: {message}")
+    return out
+
+
+# --- the width chosen each step (issue 70) ------------------------------------------------------
+
+def is_auto(text: str | int) -> bool:
+    """Whether a budget's text asks for the width policy (`auto` or `auto:8,16,32`)."""
+    return str(text).strip().lower().startswith("auto")
+
+
+def parse_auto(text: str, name: str, maximum: int = MAX_BUDGET) -> tuple[int, ...]:
+    """`auto` or `auto:8,16,32` -> the tree budgets the width policy chooses among each step (the chain, DFLASH's
+    verify, always beside them), ascending; DDTreeConfigError naming `name`, the value and the form."""
+    raw = str(text).strip().lower()
+    fix = (f"expected auto (the budgets {','.join(map(str, AUTO_BUDGETS))}) or auto:B1,B2,... with each budget "
+           f"1..{maximum}, increasing, e.g. auto:8,16,32")
+    if not AUTO_TEXT.fullmatch(raw):
+        raise DDTreeConfigError(f"{name}={str(text).strip() or chr(39) * 2} is invalid: {fix}")
+    if raw == "auto":
+        return AUTO_BUDGETS
+    budgets = tuple(int(v) for v in raw.split(":", 1)[1].split(","))
+    if any(not 1 <= b <= maximum for b in budgets) or any(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:])):
+        raise DDTreeConfigError(f"{name}={raw} is invalid: {fix}")
+    return budgets
+
+
+def auto_problems(budgets: tuple[int, ...], topk_cap: Schedule, block_size: int | None,
+                  names: SettingNames = PYTHON_NAMES) -> list[str]:
+    """The single-value rules for every budget the policy may choose (one cap for all of them)."""
+    if len(topk_cap.steps) > 1:
+        return [f"{names.topk_cap}={topk_cap} is invalid with {names.budget}=auto: the width policy chooses the "
+                f"budget each step and keeps one cap; give one value (e.g. {DEFAULT_TOPK_CAP})"]
+    cap = topk_cap.at(1)
+    out = []
+    for budget in budgets:
+        for message in DDTreeSettings(budget, min(cap, budget), block_size).problems(names):
+            out.append(f"auto budget {budget}: {message}")
     return out

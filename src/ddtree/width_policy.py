@@ -186,13 +186,22 @@ class WidthPolicy:
     def costs(self, batch: int) -> list[float]:
         return [self.curve.at(batch, o.width) for o in self.options]
 
+    def option_tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tree budgets int64 [n] (0 for none and the chain), is-chain bool [n]) on `device`, made once per device
+        (a decode step copies nothing from the host)."""
+        key = str(device)
+        cache = self.__dict__.setdefault("_option_tensors", {})
+        if key not in cache:
+            cache[key] = (torch.tensor([o.budget if o.is_tree else 0 for o in self.options], device=device),
+                          torch.tensor([o.name == "chain" for o in self.options], device=device))
+        return cache[key]
+
     def expectations(self, tree: DraftTree, cand: Candidates, live: torch.Tensor | None = None) -> torch.Tensor:
         """Expected accepted tokens + 1 of every option, summed over the live requests: float32 [len(options)]."""
         scale = self.calibration.scale().to(tree.scores.device) if self.calibration is not None else None
-        budgets = torch.tensor([o.budget if o.is_tree else 0 for o in self.options], device=tree.scores.device)
+        budgets, is_chain = self.option_tensors(tree.scores.device)                        # [n], [n]
         per = tree_expectations(tree, budgets, scale)                                      # [bs, n]
         chain = chain_expectation(cand, scale)                                             # [bs]
-        is_chain = torch.tensor([o.name == "chain" for o in self.options], device=per.device)
         per = torch.where(is_chain, chain[:, None], per) + 1.0                             # [bs, n]
         if live is not None:
             per = per * live[:, None]

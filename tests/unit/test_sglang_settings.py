@@ -305,3 +305,53 @@ def test_custom_logit_processors_are_refused_under_the_overlap_scheduler_only():
     served = ServedFeatures(overlap=True, deterministic=True)
     assert request_refusal({"json_schema": "{}", "logit_bias": {"5": 1.0}, "temperature": 0.7, "sampling_seed": 3},
                            asks, served) is None
+
+
+def test_auto_travels_through_the_environment_with_the_chain_beside_its_trees():
+    """`--speculative-ddtree-budget auto` (issue 70): sized for its widest tree; every step may run the chain or any
+    tree, at every running batch size."""
+    from ddtree.sglang.server_env import schedule_from_env
+
+    env: dict = {}
+    schedule_to_env("auto", "8", env)
+    block_to_env(8, env)
+    schedule = schedule_from_env(env)
+    assert schedule.auto == (8, 16, 32) and schedule.chain == 7
+    assert schedule.choices() == ((7, 1), (8, 8), (16, 8), (32, 8))
+    assert schedule.widths == (8, 9, 17, 33)
+    assert schedule.batches_at_width(9, 4) == [1, 2, 3, 4] and schedule.batches_at_width(10, 4) == []
+    assert schedule.pairs(48) == {(7, 1), (8, 8), (16, 8), (32, 8)}
+    assert from_env(env) == DDTreeSettings(32, 8, 8)
+    assert str(schedule) == "budget auto:8,16,32 (and the chain) cap 8"
+    narrow = schedule_from_env({**env, "SGLANG_DDTREE_BUDGET": "AUTO:4,16", "SGLANG_DDTREE_TOPK_CAP": "8"})
+    assert narrow.choices() == ((4, 4), (7, 1), (16, 8))           # each tree's cap at most its budget
+
+
+@pytest.mark.parametrize("budget, cap, message", [
+    ("auto:", "8", r"--speculative-ddtree-budget \(SGLANG_DDTREE_BUDGET\)=auto: is invalid: expected auto"),
+    ("auto:16,8", "8", r"=auto:16,8 is invalid: .*increasing"),
+    ("auto:8,2048", "8", r"=auto:8,2048 is invalid: .*1\.\.1023"),
+    ("automatic", "8", r"=automatic is invalid"),
+])
+def test_a_bad_auto_is_refused_naming_the_flag(budget, cap, message):
+    from ddtree.sglang.server_env import schedule_from_env
+
+    with pytest.raises(DDTreeConfigError, match=message):
+        schedule_from_env({"SGLANG_DDTREE_BUDGET": budget, "SGLANG_DDTREE_TOPK_CAP": cap})
+
+
+def test_auto_is_checked_for_every_tree_and_keeps_one_cap(monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_BLOCK_SIZE", "16")
+    monkeypatch.setenv("SGLANG_DDTREE_TOPK_CAP", "8")
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET", "auto:8,32")
+    wide = DDTreeSettings(32, 8, 16)
+    assert [m for m in refusals(wide, server()) if "auto budget 8" in m] == [
+        "auto budget 8: --speculative-ddtree-budget=8 is invalid with block size 16: the draft's block must fit in "
+        "the verify window (budget + 1 >= block size); use a budget >= 15 (15 with --speculative-ddtree-topk-cap 1 "
+        "is the DFlash chain)"]
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET", "auto:16,32")
+    assert list(refusals(wide, server())) == []
+    monkeypatch.setenv("SGLANG_DDTREE_TOPK_CAP", "1:8,16:4")
+    with pytest.raises(DDTreeConfigError, match=r"--speculative-ddtree-topk-cap=1:8,16:4 is invalid with "
+                                                r"--speculative-ddtree-budget=auto"):
+        validate(wide, server())

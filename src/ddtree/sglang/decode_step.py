@@ -1,7 +1,9 @@
 """The stages of one DDTREE decode step inside SGLang 0.5.23, in the order the worker runs them
 (tree_worker.DDTreeWorker.forward_batch_generation):
 
-  plan_step              the running batch's size and this step's tree (budget, cap) from the width schedule
+  plan_step              the running batch's size and this step's tree (budget, cap) from the width schedule, or
+                         with `auto` the width policy's choice (step_policy.py; after the tree, its `observe`
+                         queues this step's expectations, after the verdict its `learn` the draft's calibration)
   reserve_window         the request's N reserved KV slots this step writes, and SGLang's plan of them
   draft_candidates       the DFlash draft over its own block (bonus token + mask tokens, positions
                          prefix .. prefix + block - 1) in the draft's CUDA graph when one fits; the
@@ -98,10 +100,15 @@ class EagerPasses:
             logger.warning("DDTREE %s ran eagerly for batch size %d (no captured CUDA graph fits it)", stage, bs)
 
 
-def plan_step(batch, schedule: WidthSchedule) -> StepPlan:
+def plan_step(batch, schedule: WidthSchedule, policy=None) -> StepPlan:
+    """The step's size and tree: the width policy's choice (host work: step_policy.py) or the schedule's."""
     prefix_lens = batch.seq_lens                                                   # int64 [bs]
     bs = int(prefix_lens.shape[0])                                                 # a shape: no device wait
-    budget, cap = schedule.at(bs)
+    if policy is not None:
+        option = policy.choose(bs)
+        budget, cap = option.budget, option.cap
+    else:
+        budget, cap = schedule.at(bs)
     return StepPlan(prefix_lens=prefix_lens, bs=bs, budget=budget, cap=cap)
 
 

@@ -34,7 +34,8 @@ def add_ddtree_cli_args(result, *args, **kwargs):
     group.add_argument("--speculative-ddtree-budget", type=str, default=str(DEFAULT_BUDGET),
                        help=f"draft-tree nodes verified per step (1..{MAX_BUDGET}); budget = block size - 1 with "
                             "top-k cap 1 is the DFlash chain; or a schedule by running batch size, e.g. "
-                            "1:64,8:32,32:8")
+                            "1:64,8:32,32:8; or auto[:B1,B2,..] (default trees 8,16,32): each step the tree or the "
+                            "chain with the most expected tokens per measured verify cost")
     group.add_argument("--speculative-ddtree-topk-cap", type=str, default=str(DEFAULT_TOPK_CAP),
                        help="candidate tokens per depth (1..budget); or a schedule by running batch size")
     return result

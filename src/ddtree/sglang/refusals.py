@@ -24,9 +24,9 @@ MLA_MASK_BACKENDS = ("triton",)
 
 def _ddtree_shape(s: DDTreeSettings, a) -> str | None:
     """budget, top-k cap and block size against each other (ddtree.settings holds the rules), at every step
-    of a schedule."""
+    of a schedule, for every tree of `auto`."""
     schedule = schedule_from_env()
-    problems = schedule.problems(s.block_size) if schedule.stepped else s.problems(SERVER_FLAGS)
+    problems = schedule.problems(s.block_size) if schedule.stepped or schedule.auto else s.problems(SERVER_FLAGS)
     return problems[0] if problems else None
 
 

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from ddtree.settings import (DEFAULT_BUDGET, DEFAULT_TOPK_CAP, SERVER_FLAGS, DDTreeConfigError, DDTreeSettings,
-                             Schedule, parse_schedule)
+                             Schedule, is_auto, parse_auto, parse_schedule)
 from ddtree.sglang import switches
 from ddtree.sglang.width_schedule import WidthSchedule
 
@@ -30,14 +30,19 @@ ENV_BUDGET, ENV_TOPK_CAP, ENV_BLOCK_SIZE = (switches.NAME[f] for f in ("budget",
 
 
 def schedule_from_env(env=None) -> WidthSchedule:
-    """The budget and cap the plugin passed to SGLang's processes: `32` or `1:64,8:32,32:8` each (defaults where
-    a variable is unset)."""
+    """The budget and cap the plugin passed to SGLang's processes: `32` or `1:64,8:32,32:8` each, or the budget
+    `auto[:B1,B2,..]` (the width policy's trees; defaults where a variable is unset)."""
     return _width_schedule(switches.read(env))
 
 
 def _width_schedule(read: switches.Switches) -> WidthSchedule:
-    return WidthSchedule(budget=_schedule(read.budget, ENV_BUDGET, DEFAULT_BUDGET, SERVER_FLAGS.budget),
-                         topk_cap=_schedule(read.topk_cap, ENV_TOPK_CAP, DEFAULT_TOPK_CAP, SERVER_FLAGS.topk_cap))
+    cap = _schedule(read.topk_cap, ENV_TOPK_CAP, DEFAULT_TOPK_CAP, SERVER_FLAGS.topk_cap)
+    if is_auto(read.budget):                     # the width policy: sized for its widest tree, the chain beside
+        auto = parse_auto(read.budget, f"{SERVER_FLAGS.budget} ({ENV_BUDGET})")
+        block = _int(read.block_size, ENV_BLOCK_SIZE, None, SERVER_FLAGS.block_size)
+        return WidthSchedule(budget=Schedule(((1, auto[-1]),)), topk_cap=cap, auto=auto,
+                             chain=block - 1 if block is not None else None)
+    return WidthSchedule(budget=_schedule(read.budget, ENV_BUDGET, DEFAULT_BUDGET, SERVER_FLAGS.budget), topk_cap=cap)
 
 
 def from_env(env=None) -> DDTreeSettings:

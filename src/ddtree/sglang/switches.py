@@ -32,7 +32,7 @@ class Switch:
 
     name: str
     field: str
-    kind: str            # "flag" | "text" | "count" (>= 1) | "steps" (>= 0, 0 = off) | "choice" | "folder"
+    kind: str            # "flag" | "text" | "count" (>= 1) | "steps" (>= 0, 0 = off) | "choice" | "folder" | "file"
     default: str         # the value an unset (or empty) variable stands for, as text; "" = off / none
     meaning: str
     choices: tuple[str, ...] = ()
@@ -44,7 +44,8 @@ class Switch:
                 "count": "a whole number >= 1",
                 "steps": "a whole number of steps (0 = off)",
                 "choice": f"one of {', '.join(self.choices)}",
-                "folder": "an absolute folder path"}[self.kind]
+                "folder": "an absolute folder path",
+                "file": "an absolute file path"}[self.kind]
 
     def parse(self, raw: str) -> object:
         """The field's value for the variable's text (the default's when empty); ValueError when it is invalid."""
@@ -97,7 +98,8 @@ def _folder(switch: Switch, text: str) -> Path | None:
 
 
 _READERS: dict[str, Callable[[Switch, str], object]] = {
-    "flag": _flag, "text": _text, "count": _count, "steps": _steps, "choice": _choice, "folder": _folder}
+    "flag": _flag, "text": _text, "count": _count, "steps": _steps, "choice": _choice, "folder": _folder,
+    "file": _folder}
 
 
 SWITCHES: tuple[Switch, ...] = (
@@ -116,6 +118,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SGLANG_DDTREE_SYNC_CHECK", "sync_check", "choice", "",
            "each decode step runs under torch's CUDA sync debug mode: warn logs each synchronising call "
            "site once, error raises", choices=("warn", "error")),
+    Switch("SGLANG_DDTREE_COST_TABLE", "cost_table", "file", "",
+           "with --speculative-ddtree-budget auto: the step costs the width policy prices its widths by, a sweep's "
+           "measured table (JSON: verify_ms [[batch, width, ms], ..], draft_ms [[batch, ms], ..]) instead of the "
+           "graphs timed at start-up"),
     Switch("SGLANG_DDTREE_PROFILE_STEPS", "profile_steps", "steps", "",
            "every N decode steps, one step timed stage by stage (the device synchronised between stages)"),
     # test bed only (preflight refuses them in k26_service_env)
@@ -141,6 +147,7 @@ class Switches:
     block_size: str = ""
     graph_check: bool = True
     sync_check: str | None = None
+    cost_table: Path | None = None
     profile_steps: int | None = None
     dump: Path | None = None
     dump_steps: int = 400
@@ -166,7 +173,8 @@ def table() -> str:
     ddtree.sglang.switches` prints it."""
     rows = ["| variable | takes | unset means | what it does |", "|---|---|---|---|"]
     for s in SWITCHES:
-        unset = {"": "off" if s.kind in ("flag", "choice", "steps", "folder") else "-"}.get(s.default, s.default)
+        unset = {"": "off" if s.kind in ("flag", "choice", "steps", "folder", "file") else "-"}.get(s.default,
+                                                                                                     s.default)
         rows.append(f"| `{s.name}` | {s.expects()} | {unset} | {s.meaning} |")
     return "\n".join(rows)
 

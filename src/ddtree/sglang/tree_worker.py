@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.runtime_context import get_exec
+from sglang.srt.runtime_context import get_exec, get_parallel
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
@@ -44,8 +45,10 @@ from ddtree.sglang.sync_check import SyncCheck
 from ddtree.sglang.verdict import VerdictSetup, decide
 from ddtree.sglang.width_schedule import WidthSchedule
 from ddtree.sglang.widths import TargetWidths
+from ddtree.sglang.policy_metrics import PolicyMetrics
+from ddtree.sglang.step_policy import StepPolicy
 from ddtree.sglang.worker_setup import (head_shard, keep_draft_block, prewarm_trees, rehearse_sampling,
-                                        target_widths, unsupported_reason)
+                                        step_costs, step_policy, target_widths, unsupported_reason)
 from ddtree.tree import build_tree_from_candidates, candidate_count
 
 
@@ -63,6 +66,9 @@ class DDTreeParts:
     diagnostics: Diagnostics            # test-bed switches (dump, deliberate faults)
     dump: StepDump | None
     widths: TargetWidths | None = None  # a schedule's narrower verify widths, built in init_cuda_graphs
+    cost_table: Path | None = None      # SGLANG_DDTREE_COST_TABLE: a sweep's step costs for `auto`
+    policy: StepPolicy | None = None    # `auto`: the width of each step (step_policy.py), built in init_cuda_graphs
+    metrics: PolicyMetrics | None = None  # its numbers on /metrics (rank 0, --enable-metrics)
     eager: EagerPasses = field(default_factory=EagerPasses)
 
 
@@ -90,16 +96,23 @@ class DDTreeWorker(DFlashWorkerV2):
                 tp_sync=self._tp_sync, stale_penalties=diagnostics.fault == "stale-penalties"),
             profiler=StepProfiler.from_switches(read, torch.cuda.synchronize) or OFF,
             sync_check=SyncCheck.from_switches(read), diagnostics=diagnostics,
-            dump=StepDump(diagnostics.dump_dir, diagnostics.dump_steps) if diagnostics.dump_dir is not None else None)
+            dump=StepDump(diagnostics.dump_dir, diagnostics.dump_steps) if diagnostics.dump_dir is not None else None,
+            cost_table=read.cost_table)
         prewarm_trees(self.ddtree.schedule, vocab, block - 1, self.device)
         announce(diagnostics)
 
     # --- SGLang's hooks ----------------------------------------------------------------------------------------
 
     def init_cuda_graphs(self):
-        """The draft's graphs (DFlashWorkerV2's), then a schedule's narrower verify widths (worker_setup)."""
+        """The draft's graphs (DFlashWorkerV2's), then a schedule's narrower verify widths, then with `auto` the
+        step costs and the width policy (worker_setup)."""
         super().init_cuda_graphs()
-        self.ddtree.widths = target_widths(self, self.ddtree.schedule, self.ddtree.settings.verify_tokens)
+        parts = self.ddtree
+        parts.widths = target_widths(self, parts.schedule, parts.settings.verify_tokens)
+        if parts.schedule.auto:
+            table = step_costs(self, parts.widths, parts.cost_table)
+            parts.policy = step_policy(self, parts.schedule, table)
+            parts.metrics = PolicyMetrics.create(table, get_parallel().tp_group.rank_in_group)
 
     def _maybe_build_draft_sampler(self):
         """DFlashWorkerV2.init_cuda_graphs calls this right before the draft's graphs are captured and folds what
@@ -112,6 +125,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            if self.ddtree.policy is not None:
+                self.ddtree.policy.interrupted()
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                     pp_proxy_tensors=pp_proxy_tensors)
         draft_input = batch.spec_info
@@ -129,7 +144,9 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _decode(self, batch, draft_input, on_publish, grammar_barrier) -> GenerationBatchResult:
         parts = self.ddtree
-        plan = plan_step(batch, parts.schedule)                                   # bs, this step's budget / cap
+        plan = plan_step(batch, parts.schedule, parts.policy)                     # bs, this step's budget / cap
+        if parts.metrics is not None:
+            parts.metrics.maybe_publish(parts.policy)
         prof = parts.profiler
         prof.begin(plan.bs)
         with prof.stage("window"):
@@ -139,6 +156,9 @@ class DDTreeWorker(DFlashWorkerV2):
         with prof.stage("tree"):
             candidates = narrow_candidates(widest, plan, parts.vocab)              # [bs, L, K(cap)]
             tree = build_tree_from_candidates(candidates, draft_input.bonus_tokens.view(-1), plan.budget)
+        if parts.policy is not None:
+            with prof.stage("policy"):
+                parts.policy.observe(tree, widest, draft_input.bonus_tokens.view(-1), plan.budget, plan.cap)
         grammar = None
         if batch.has_grammar:
             with prof.stage("grammar"):
@@ -156,6 +176,8 @@ class DDTreeWorker(DFlashWorkerV2):
         with prof.stage("verdict"):
             verdict = decide(parts.verdict_setup, batch, tree, target_out.logits_output, plan.prefix_lens,
                              grammar.mask if grammar is not None else None)
+        if parts.policy is not None:
+            parts.policy.learn(tree, verdict.accept_len)
         with prof.stage("commit"):
             result = commit(self, batch, verdict, plan, window, target_out, on_publish)
         prof.end()

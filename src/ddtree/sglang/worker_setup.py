@@ -7,6 +7,8 @@ function per job; `worker` is the DDTreeWorker after its parent DFlashWorkerV2's
   max_running           the most requests a step can run, from the settings SGLang fills before the worker
   prewarm_trees         one tree per (budget, cap) of the schedule: Triton builds and table copies happen here
   target_widths         a schedule's narrower verify widths (widths.py), after the target's graphs exist
+  step_policy           with `auto`: the step costs (graph_timing: every captured graph timed, or the sweep's table)
+                        and the width policy (step_policy.py), after every graph exists
   rehearse_sampling     the sampling verify's memory peak, so SGLang reserves it
 """
 
@@ -22,7 +24,9 @@ from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 
 from ddtree.settings import DDTreeConfigError
+from ddtree.sglang.graph_timing import CostTable, shared_across_ranks, time_graphs
 from ddtree.sglang.head import HeadShard
+from ddtree.sglang.step_policy import StepPolicy, step_policy_for
 from ddtree.sglang.width_schedule import WidthSchedule
 from ddtree.sglang.widths import TargetWidths
 from ddtree.tree import build_tree_from_candidates, candidate_count
@@ -92,7 +96,7 @@ def prewarm_trees(schedule: WidthSchedule, vocab: int, depth: int, device) -> No
     """One tree for every (budget, cap) the schedule gives a running batch: the tree kernel's Triton build (2.5 s
     on the H200) and its pair tables' copy to the device happen here, not in the first served step (seen on the
     H200, 2026-12-02: the sync check flagged that copy in the first step)."""
-    for budget, cap in sorted({schedule.at(b) for b in range(1, max_running() + 1)}):
+    for budget, cap in sorted(schedule.pairs(max_running())):
         k = candidate_count(cap, budget, vocab)
         cand = Candidates(logp=torch.zeros((1, depth, k), dtype=torch.float32, device=device),   # [1, L, K]
                           tokens=torch.zeros((1, depth, k), dtype=torch.int64, device=device))
@@ -105,11 +109,55 @@ def target_widths(worker, schedule: WidthSchedule, verify_tokens: int) -> Target
     init_model_worker: draft worker, memory pools, attention backends, then the target's graphs before the
     draft's): the worker calls this from its init_cuda_graphs, after its parent's (AttributeError on the H200,
     2026-12-03, when built in __init__)."""
-    if len(schedule.widths) < 2:
+    if len(schedule.widths) < 2 and not schedule.auto:      # auto times its graphs through TargetWidths, even one
         return None
     widths = TargetWidths(worker.target_worker.model_runner, schedule, verify_tokens, max_running())
     logger.info("DDTREE %s: %s", schedule, widths.memory_report())
     return widths
+
+
+def step_costs(worker, widths: TargetWidths | None, table_file) -> CostTable:
+    """The step cost table of an `auto` server: the sweep's file when given, else every captured verify graph (each
+    width's) and the draft's timed now, rank 0's shared with every rank; logged line by line."""
+    if table_file is not None:
+        table = CostTable.read(table_file)
+    else:
+        if widths is None or any(state.graph_runner is None for state in widths.states.values()):
+            raise DDTreeConfigError("--speculative-ddtree-budget auto needs the step costs: with CUDA graphs off there "
+                                    "are no graphs to time; turn CUDA graphs on or give a measured table in "
+                                    "SGLANG_DDTREE_COST_TABLE")
+        runners = {w: state.graph_runner for w, state in widths.states.items()}
+        draft = getattr(worker.draft_model_runner, "decode_cuda_graph_runner", None)
+        table = time_graphs(runners, draft, int(worker.target_worker.model_runner.model_config.vocab_size))
+        table = shared_across_ranks(table, get_parallel().tp_group, worker.device)
+    for line in table.lines():
+        logger.info(line)
+    return table
+
+
+def host_share_across_ranks():
+    """Rank 0's host share for every rank, through the TP group's CPU group (None at TP 1: nothing to share)."""
+    tp = get_parallel().tp_group
+    if int(tp.world_size) <= 1:
+        return None
+
+    def share(ms: float) -> float:
+        value = torch.tensor([ms], dtype=torch.float64)
+        torch.distributed.broadcast(value, src=tp.ranks[0], group=tp.cpu_group)
+        return float(value[0])
+    return share
+
+
+def step_policy(worker, schedule: WidthSchedule, table: CostTable) -> StepPolicy:
+    """The width policy over the schedule's choices, priced by `table` (lag 2 under the overlap scheduler, 1
+    without: step_policy.py says why)."""
+    overlapped = not get_schedule().disable_overlap_schedule
+    policy = step_policy_for(schedule.choices(), schedule.chain, table.curve(), depth=worker.block_size - 1,
+                             lag=2 if overlapped else 1, device=worker.device, overlapped=overlapped,
+                             share=host_share_across_ranks())
+    logger.info("DDTREE width policy: %s, lag %d step(s)%s", ", ".join(o.name for o in policy.options), policy.lag,
+                " (overlap scheduler)" if overlapped else "")
+    return policy
 
 
 def rehearse_sampling(model_runner, verify_tokens: int, device) -> SamplingPrewarmResult:

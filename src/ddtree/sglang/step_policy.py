@@ -1,0 +1,208 @@
+"""The width policy inside a DDTREE decode step (issue 70, item 2; no SGLang import).
+
+`--speculative-ddtree-budget auto[:B1,B2,..]`: each step runs the chain (DFLASH's verify: the draft's top-1 path,
+width = the draft's block) or one of the trees, whichever has the most expected accepted tokens (+1, the bonus)
+per millisecond of the step, for the running batch. Per step:
+
+  choose(bs)            host: the option of this step, from the expectations of the decode step `lag` steps back.
+                        Those are on the device until the host reads them from pinned memory after that step's CUDA
+                        event - an event the scheduler's own synchronisation on that step's tokens has already
+                        passed (lag 1 without the overlap scheduler: it reads step t-1's tokens before it plans step
+                        t; lag 2 with it: step t is launched before step t-1's tokens are read), so the wait returns
+                        at once and the step adds no synchronisation. The chain until the first expectations exist.
+  observe(tree, cand)   device: every option's expected accepted tokens + 1, the mean over the batch, from this step's
+                        draft (its widest tree; built beside the step's own when the step runs a narrower one), the
+                        draft's calibration applied (width_policy.Calibration), copied into this step's pinned slot.
+  learn(tree, accepted) device: the calibration's sums from the verified tree and the accepted lengths.
+
+A step's cost is the measured table's (graph_timing: the draft's pass + the verify at the width, by batch) plus
+the host's share: the time between two decode steps the table does not explain (scheduling, the tree, the verdict;
+a decayed mean). Without the overlap scheduler they add (host + device); with it the device hides the host up to
+max(host, device). Every rank must choose alike: the expectations are computed from the same candidates on every
+rank (their all-gather), the table is rank 0's (shared at start-up), and the host share is rank 0's, shared every
+`share_every` steps through the CPU group (at TP 1 nothing is shared).
+
+Losslessness does not depend on any of this: every step verifies its tree exactly (ddtree.verify).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ddtree.settings import DDTreeConfigError
+from ddtree.tree import build_tree_from_candidates
+from ddtree.types import Candidates, DraftTree
+from ddtree.width_policy import Calibration, CostCurve, Option, WidthPolicy
+
+
+@dataclass
+class HostShare:
+    """The host's milliseconds per decode step that the device table does not explain (a decayed mean)."""
+
+    overlapped: bool                 # the overlap scheduler: the device hides the host up to max(host, device)
+    decay: float = 0.9
+    ms: float = 0.0
+    samples: int = 0
+
+    gap_ms: float = 50.0             # a period this much past 3x the device time is an idle gap, not a step
+
+    def update(self, period_ms: float, device_ms: float) -> None:
+        """One step's period (start to next start, nothing else scheduled between) and its modelled device time."""
+        if period_ms > 3 * device_ms + self.gap_ms:
+            return
+        if self.overlapped:
+            if period_ms < 1.15 * device_ms:          # device-bound: the host is at most the period
+                sample = min(self.ms, period_ms) if self.samples else period_ms
+            else:
+                sample = period_ms
+        else:
+            sample = max(0.0, period_ms - device_ms)
+        self.ms = sample if self.samples == 0 else self.decay * self.ms + (1 - self.decay) * sample
+        self.samples += 1
+
+    def step_ms(self, device_ms: float) -> float:
+        return max(self.ms, device_ms) if self.overlapped else self.ms + device_ms
+
+
+@dataclass
+class Slot:
+    """One step's expectations and the draft's calibration on their way to the host: float32 [n options + L + 1]
+    in pinned memory, and its event."""
+
+    values: torch.Tensor
+    event: torch.cuda.Event | None = None
+    step: int = -1
+
+
+@dataclass
+class Choices:
+    """How many steps ran each option (counted on the host, read by the metrics)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, option: Option) -> None:
+        self.counts[option.name] = self.counts.get(option.name, 0) + 1
+
+
+class StepPolicy:
+    """The options, their measured step costs, the slots the expectations come back in, the host share."""
+
+    def __init__(self, policy: WidthPolicy, lag: int, device, overlapped: bool,
+                 clock: Callable[[], float] = time.perf_counter, share: Callable[[float], float] | None = None,
+                 share_every: int = 64):
+        if lag < 1:
+            raise ValueError(f"lag={lag}: the host reads a step's expectations at the earliest one step later")
+        self.policy = policy
+        self.lag = lag
+        self.device = device
+        self.host = HostShare(overlapped)
+        self.clock = clock
+        self.share = share                         # rank 0's host share for every rank (None at TP 1)
+        self.share_every = share_every
+        self.chain = next((i for i, o in enumerate(policy.options) if o.name == "chain"), 0)
+        pinned = torch.cuda.is_available() and torch.device(device).type == "cuda"
+        n = len(policy.options) + (policy.calibration.depth + 1 if policy.calibration is not None else 0)
+        self.slots = [Slot(torch.zeros(n, dtype=torch.float32, pin_memory=pinned)) for _ in range(lag + 1)]
+        self.latest: list[float] = []                          # the last expectations read (host), by option
+        self.scale: list[float] = []                           # the draft's calibration then, by depth
+        self.step = 0                                          # decode steps so far
+        self.choices = Choices()
+        self._last: tuple[float, float] | None = None          # (start, modelled device ms) of the previous step
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        return self.policy.options
+
+    # --- host ----------------------------------------------------------------------------------------------------
+
+    def interrupted(self) -> None:
+        """A prefill or idle step ran: the next decode step's period would include it."""
+        self._last = None
+
+    def choose(self, bs: int) -> Option:
+        """This step's option for a running batch of `bs` (host work only)."""
+        now = self.clock()
+        self._read_back()
+        if self._last is not None:
+            start, device_ms = self._last
+            self.host.update((now - start) * 1e3, device_ms)
+        if self.step and self.share is not None and self.step % self.share_every == 0:
+            self.host.ms = self.share(self.host.ms)
+        costs = [self.policy.curve.at(bs, o.width) for o in self.options]                  # device ms by option
+        if not self.latest:
+            index = self.chain
+        else:
+            score = [e / self.host.step_ms(c) for e, c in zip(self.latest, costs)]
+            index = max(range(len(score)), key=score.__getitem__)
+        self._last = (now, costs[index])
+        option = self.options[index]
+        self.choices.add(option)
+        self.step += 1
+        return option
+
+    def _read_back(self) -> None:
+        """The slot of the step `lag` steps back, if it holds one (its event already passed: see the module)."""
+        slot = self.slots[(self.step - self.lag) % len(self.slots)] if self.step >= self.lag else None
+        if slot is None or slot.step != self.step - self.lag:
+            return
+        if slot.event is not None:                    # None on the CPU: the copy is done
+            slot.event.synchronize()
+        values = slot.values.tolist()                 # pinned host memory
+        n = len(self.options)
+        self.latest, self.scale = values[:n], values[n:]
+
+    # --- device --------------------------------------------------------------------------------------------------
+
+    def observe(self, step_tree: DraftTree, widest: Candidates, roots: torch.Tensor, step_budget: int,
+                step_cap: int) -> None:
+        """This step's expectations into its slot. widest: the head's candidates [bs, L, K(widest)]; roots [bs]."""
+        tree = self.widest_tree(step_tree, widest, roots, step_budget, step_cap)
+        cap = max(o.cap for o in self.options)
+        cand = Candidates(logp=widest.logp[..., :cap], tokens=widest.tokens[..., :cap])
+        mean = self.policy.expectations(tree, cand) / tree.batch_size                      # float32 [n options]
+        if self.policy.calibration is not None:
+            mean = torch.cat([mean, self.policy.calibration.scale().to(mean.device)])      # [n + L + 1]
+        slot = self.slots[(self.step - 1) % len(self.slots)]                               # choose() counted it
+        slot.values.copy_(mean, non_blocking=True)
+        if slot.event is None and torch.device(self.device).type == "cuda":
+            slot.event = torch.cuda.Event()
+        if slot.event is not None:
+            slot.event.record()
+        slot.step = self.step - 1
+
+    def widest_tree(self, step_tree: DraftTree, widest: Candidates, roots: torch.Tensor, step_budget: int,
+                    step_cap: int) -> DraftTree:
+        """The widest option's tree: this step's own when it is that tree, else built from the candidates."""
+        budget = self.policy.widest
+        cap = max(o.cap for o in self.options if o.is_tree) if any(o.is_tree for o in self.options) else 1
+        if step_budget == budget and step_cap == cap:
+            return step_tree
+        k = min(widest.logp.shape[-1], cap)
+        cand = Candidates(logp=widest.logp[..., :k].contiguous(), tokens=widest.tokens[..., :k].contiguous())
+        return build_tree_from_candidates(cand, roots, budget)
+
+    def learn(self, tree: DraftTree, accept_len: torch.Tensor) -> None:
+        if self.policy.calibration is not None:
+            self.policy.calibration.update(tree, accept_len)
+
+
+def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | None, curve: CostCurve, depth: int,
+                    lag: int, device, overlapped: bool, share=None) -> StepPolicy:
+    """The StepPolicy of a width schedule's choices ((budget, cap) pairs; the chain's is (chain_budget, 1))."""
+    options = []
+    for budget, cap in choices:
+        if budget == chain_budget and cap == 1:
+            options.append(Option("chain", budget, 1, budget + 1))
+        else:
+            options.append(Option(f"b{budget}", budget, cap, budget + 1))
+    try:
+        policy = WidthPolicy(tuple(options), curve, Calibration(depth).to(device))
+    except ValueError as e:
+        raise DDTreeConfigError(f"the step costs cannot price every width of the width policy: {e}; a table in "
+                                "SGLANG_DDTREE_COST_TABLE must hold each width (budget + 1 for each tree, the draft's "
+                                "block for the chain) at one batch size at least") from None
+    return StepPolicy(policy, lag, device, overlapped, share=share)

@@ -1,0 +1,240 @@
+"""The width policy as the SGLang worker steps it (issue 70, item 2; CPU, no SGLang): which option a step runs from
+the expectations of the step `lag` steps back, the host's share of a step, the draft's calibration, and the step
+costs it prices them by (ddtree.sglang.step_policy, ddtree.sglang.graph_timing)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from ddtree.settings import DDTreeConfigError
+from ddtree.sglang.graph_timing import CostTable
+from ddtree.sglang.step_policy import HostShare, step_policy_for
+from ddtree.tree import build_tree_from_candidates
+from ddtree.types import Candidates
+from ddtree.width_policy import CostCurve
+
+DEPTH = 7                                    # a block-8 draft
+CHOICES = ((7, 1), (8, 8), (16, 8), (32, 8))  # the chain and auto:8,16,32 with cap 8
+WIDTHS = (8, 9, 17, 33)
+BATCHES = (1, 8, 16, 32, 48)
+
+
+def draft(top1: float, bs: int = 2, k: int = 32, vocab: int = 1000) -> Candidates:
+    """Candidates [bs, L, k]: the top-1 token at probability `top1` at every depth, the rest spread evenly."""
+    rest = (1.0 - top1) / (k - 1)
+    probs = torch.tensor([top1] + [rest] * (k - 1))
+    logp = probs.log().expand(bs, DEPTH, k).contiguous()
+    tokens = torch.arange(k).expand(bs, DEPTH, k).contiguous() + 10
+    return Candidates(logp=logp.float(), tokens=tokens.long())
+
+
+def two_way_draft(bs: int = 2, k: int = 32) -> Candidates:
+    """Candidates [bs, L, k]: two tokens at 0.45 each at every depth (a chain keeps one branch, a tree both)."""
+    probs = torch.tensor([0.45, 0.45] + [0.1 / (k - 2)] * (k - 2))
+    logp = probs.log().expand(bs, DEPTH, k).contiguous()
+    return Candidates(logp=logp.float(), tokens=(torch.arange(k).expand(bs, DEPTH, k) + 10).contiguous().long())
+
+
+def curve(ms) -> CostCurve:
+    return CostCurve.from_function(ms, BATCHES, WIDTHS)
+
+
+STEEP = curve(lambda b, w: 1.0 + 0.5 * w)        # a wide tree costs far more than it earns
+FLAT = curve(lambda b, w: 10.0)                  # width is free
+
+
+def policy_of(cost: CostCurve, lag: int = 1, overlapped: bool = False, share=None):
+    return step_policy_for(CHOICES, 7, cost, DEPTH, lag, "cpu", overlapped, share=share)
+
+
+def run_step(policy, cand: Candidates, bs: int = 2):
+    """One decode step as the worker runs it: choose, build the step's tree, observe; returns the option."""
+    option = policy.choose(bs)
+    roots = torch.zeros(cand.logp.shape[0], dtype=torch.long)
+    k = min(option.cap, cand.logp.shape[-1])
+    step_cand = Candidates(logp=cand.logp[..., :k].contiguous(), tokens=cand.tokens[..., :k].contiguous())
+    tree = build_tree_from_candidates(step_cand, roots, option.budget)
+    policy.observe(tree, cand, roots, option.budget, option.cap)
+    return option, tree
+
+
+def test_the_options_are_the_chain_and_the_trees_narrowest_first():
+    policy = policy_of(FLAT)
+    assert [(o.name, o.budget, o.cap, o.width) for o in policy.options] == [
+        ("chain", 7, 1, 8), ("b8", 8, 8, 9), ("b16", 16, 8, 17), ("b32", 32, 8, 33)]
+
+
+def test_the_chain_runs_until_the_first_expectations_come_back_then_the_curve_decides():
+    flat = policy_of(FLAT, lag=2)
+    uncertain = draft(0.35)
+    names = [run_step(flat, uncertain)[0].name for _ in range(5)]
+    assert names[:2] == ["chain", "chain"]           # steps 0 and 1: nothing read back yet (lag 2)
+    assert names[2:] == ["b32"] * 3                  # free width: the widest tree earns the most
+    steep = policy_of(STEEP, lag=2)
+    assert [run_step(steep, uncertain)[0].name for _ in range(5)] == ["chain"] * 5
+
+
+def test_a_middling_curve_picks_the_tree_whose_earnings_per_ms_are_highest():
+    """The choice equals the argmax computed by hand from the same expectations and costs."""
+    middling = curve(lambda b, w: 10.0 + 0.05 * w)
+    policy = policy_of(middling)
+    cand = draft(0.5)
+    run_step(policy, cand)
+    option, _ = run_step(policy, cand)
+    expected = policy.latest
+    costs = [middling.at(2, o.width) for o in policy.options]
+    best = max(range(len(costs)), key=lambda i: expected[i] / costs[i])
+    assert option == policy.options[best]
+    assert option.name not in ("chain", "b32")       # neither end: the curve is neither steep nor flat
+    assert expected == sorted(expected)              # the chain earns least, each wider tree more
+
+
+def test_a_step_reads_the_expectations_of_exactly_lag_steps_back():
+    policy = policy_of(FLAT, lag=1)
+    confident, uncertain = draft(0.95), draft(0.2)
+    run_step(policy, confident)
+    run_step(policy, uncertain)           # reads step 0 (confident)
+    after_confident = list(policy.latest)
+    run_step(policy, uncertain)           # reads step 1 (uncertain)
+    assert policy.latest != after_confident
+    assert policy.latest[0] < after_confident[0]      # the uncertain draft's chain earns less
+
+
+def test_an_overconfident_draft_is_corrected_by_its_calibration():
+    """The draft says 0.45 for each of two tokens at every depth but nothing is ever accepted: learn() drives the
+    scale down, the expectations with it, and the policy moves from the widest tree to a narrower option."""
+    middling = curve(lambda b, w: 10.0 + 0.05 * w)
+    policy = policy_of(middling)
+    cand = two_way_draft()
+    chosen, believed = [], []
+    for _ in range(40):
+        option, tree = run_step(policy, cand)
+        chosen.append(policy.options.index(option))
+        believed.append(list(policy.latest))
+        policy.learn(tree, torch.zeros(2, dtype=torch.long))
+    scale = policy.policy.calibration.scale()
+    assert scale[1:].max() < 0.2
+    assert chosen[1] == len(policy.options) - 1       # trusted at first: the widest tree
+    assert chosen[-1] < chosen[1]                     # corrected: a narrower option
+    assert believed[-1][-1] - 1 < 0.2 * (believed[1][-1] - 1)   # b32's expected draft tokens cut by > 80%
+
+
+def test_the_host_share_adds_without_the_overlap_scheduler_and_hides_under_it():
+    serial = HostShare(overlapped=False)
+    for _ in range(30):
+        serial.update(period_ms=5.0, device_ms=2.0)
+    assert serial.ms == pytest.approx(3.0)
+    assert serial.step_ms(2.0) == pytest.approx(5.0) and serial.step_ms(6.0) == pytest.approx(9.0)
+    overlapped = HostShare(overlapped=True)
+    for _ in range(30):
+        overlapped.update(period_ms=5.0, device_ms=2.0)          # host-bound: the period is the host
+    assert overlapped.ms == pytest.approx(5.0)
+    assert overlapped.step_ms(2.0) == 5.0 and overlapped.step_ms(7.0) == 7.0
+    overlapped.update(period_ms=400.0, device_ms=2.0)            # an idle gap: ignored
+    assert overlapped.ms == pytest.approx(5.0)
+
+
+def test_a_host_bound_step_buys_width_a_device_only_model_would_refuse():
+    """Under the overlap scheduler with a 12 ms host share, widths whose device time stays under it are free: the
+    widest tree; priced by the device table alone the same draft would buy a narrower one."""
+    table = curve(lambda b, w: 1.0 + 0.3 * w)        # 3.4 ms (chain) .. 10.9 ms (b32)
+    host_bound = policy_of(table, overlapped=True)
+    clock = iter(x * 0.012 for x in range(100))              # a decode step every 12 ms
+    host_bound.clock = lambda: next(clock)
+    device_only = policy_of(table)
+    cand = draft(0.5)
+    for p in (host_bound, device_only):
+        run_step(p, cand)
+    assert run_step(host_bound, cand)[0].name == "b32"
+    assert host_bound.host.ms == pytest.approx(12.0)
+    assert run_step(device_only, cand)[0].name != "b32"
+
+
+def test_every_rank_takes_rank_0s_host_share_every_share_every_steps():
+    shared = []
+
+    def share(ms):
+        shared.append(ms)
+        return 4.25
+    policy = policy_of(FLAT, share=share)
+    policy.share_every = 4
+    for _ in range(9):
+        run_step(policy, draft(0.5))
+    assert len(shared) == 2 and policy.host.ms == 4.25
+
+
+def test_a_lag_below_one_is_refused():
+    with pytest.raises(ValueError, match="lag=0"):
+        policy_of(FLAT, lag=0)
+
+
+# --- the step costs ---------------------------------------------------------------------------------------------
+
+def table() -> CostTable:
+    verify = {(b, w): 0.1 * w + 0.05 * b for b in (1, 8, 16) for w in (8, 9, 17)}
+    return CostTable(verify, {1: 0.5, 8: 0.7, 16: 1.0}, seconds=3.2)
+
+
+def test_a_step_costs_the_draft_plus_the_verify_of_its_width():
+    t = table()
+    assert t.step_ms(8, 17) == pytest.approx(0.1 * 17 + 0.05 * 8 + 0.7)
+    assert t.step_ms(5, 9) == pytest.approx(t.verify_ms[(8, 9)] + 0.7)          # padded up to the captured 8
+    assert t.step_ms(32, 8) == pytest.approx((t.verify_ms[(16, 8)] + 1.0) * 2)   # past the largest: in proportion
+    assert t.lines()[0].startswith("DDTREE step cost, ms of one replay (start-up, timed in 3.2 s)")
+    assert any(line.strip().startswith("width 17") and "bs16=" in line for line in t.lines())
+
+
+def test_a_table_round_trips_through_json_and_a_bad_file_is_named(tmp_path):
+    t = table()
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(t.to_json()))
+    back = CostTable.read(path)
+    assert back.verify_ms == pytest.approx(t.verify_ms) and back.draft_ms == t.draft_ms
+    assert back.source == str(path)
+    path.write_text(json.dumps({"verify_ms": [[1, 9]]}))
+    with pytest.raises(DDTreeConfigError, match=r"the cost table .*costs.json is invalid.*verify_ms"):
+        CostTable.read(path)
+    path.write_text(json.dumps({"verify_ms": [[1, 9, 0.0]]}))
+    with pytest.raises(DDTreeConfigError, match=r"\(1, 9\).*expected a time > 0"):
+        CostTable.read(path)
+    with pytest.raises(DDTreeConfigError, match="SGLANG_DDTREE_COST_TABLE=.*missing.json cannot be read"):
+        CostTable.read(tmp_path / "missing.json")
+
+
+def test_a_policy_refuses_a_table_that_cannot_price_one_of_its_widths():
+    partial = CostTable({(1, 9): 1.0, (1, 17): 2.0})
+    with pytest.raises(DDTreeConfigError, match=r"width=33.*no cost measured at this width"):
+        step_policy_for(((8, 8), (32, 8)), None, partial.curve(), DEPTH, 1, "cpu", False)
+    assert math.isclose(partial.step_ms(1, 9), 1.0)
+
+
+def test_the_policy_numbers_reach_a_multiprocess_registry(tmp_path, monkeypatch):
+    """What rank 0 writes is what SGLang's /metrics collects from its schedulers' files (prometheus-client's
+    multiprocess collector); other ranks and servers without --enable-metrics write nothing."""
+    import prometheus_client
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(prometheus_client.values, "ValueClass", prometheus_client.values.get_value_class())
+    from ddtree.sglang import policy_metrics
+
+    assert policy_metrics.PolicyMetrics.create(table(), rank=1) is None
+    assert policy_metrics.PolicyMetrics.create(table(), rank=0, environ={}) is None
+    metrics = policy_metrics.PolicyMetrics.create(table(), rank=0)
+    policy = policy_of(FLAT)
+    for _ in range(policy_metrics.PUBLISH_EVERY + 1):
+        run_step(policy, draft(0.5))
+        metrics.maybe_publish(policy)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+    text = generate_latest(registry).decode()
+    assert 'sglang:ddtree_step_cost_ms{batch="8",width="17"} ' + str(table().step_ms(8, 17)) in text
+    assert 'sglang:ddtree_policy_steps_total{option="chain"} 1.0' in text          # step 0: nothing read back yet
+    assert 'sglang:ddtree_policy_steps_total{option="b32"} 31.0' in text           # the 32 steps published so far
+    assert 'sglang:ddtree_draft_calibration{depth="1"} 1.0' in text                 # nothing learnt: trusted
+    assert re.search(r'sglang:ddtree_expected_tokens\{option="b16"\} 2\.1\d*', text)
