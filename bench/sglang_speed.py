@@ -114,12 +114,17 @@ def chain_of(pair: Path) -> tuple[int, int]:
     return block - 1, 1
 
 
+def auto_name(budgets: tuple[int, ...]) -> str:
+    """The width policy's server over these trees (cap 8): ddtree-auto_8_16_32-c8-graphs."""
+    return f"ddtree-auto_{'_'.join(map(str, budgets))}-c{CAP}-graphs"
+
+
 def fixed_configs(budgets=BUDGETS, modes: tuple[bool, ...] = (False, True),
-                  chain: tuple[int, int] | None = CHAIN) -> list[servers.ServerConfig]:
-    """Phase 1: NONE, DFLASH, DDTREE at each budget (cap 8) and the chain (None: without it), in each overlap mode of
-    `modes`."""
+                  chain: tuple[int, int] | None = CHAIN, auto: tuple[int, ...] = ()) -> list[servers.ServerConfig]:
+    """Phase 1: NONE, DFLASH, DDTREE at each budget (cap 8), the chain (None: without it) and, with `auto`, the width
+    policy over those trees (issue 70), in each overlap mode of `modes`."""
     trees = [(b, CAP) for b in budgets] + ([chain] if chain else [])
-    bases = ["none", "dflash", *(f"ddtree-b{b}-c{c}-graphs" for b, c in trees)]
+    bases = ["none", "dflash", *(f"ddtree-b{b}-c{c}-graphs" for b, c in trees), *([auto_name(auto)] if auto else [])]
     return [servers.config(f"{b}{OVERLAP if o else ''}-bs48") for b in bases for o in modes]
 
 
@@ -379,6 +384,34 @@ def speedup_parts(tree: SpeedRow, dflash: SpeedRow) -> str:
             f"{tree.step_ms / dflash.step_ms:.2f}x)")
 
 
+def spread(row: SpeedRow) -> float:
+    """The row's pass-to-pass spread: (slower - faster) / slower of its two passes' walls."""
+    return (max(row.walls) - min(row.walls)) / max(row.walls) if len(row.walls) > 1 and max(row.walls) > 0 else 0.0
+
+
+def auto_targets(rows: list[SpeedRow], loads: tuple[int, ...]) -> list[Target]:
+    """Issue 70's: the width policy's server >= max(NONE, DFLASH, the best fixed tree) at every load, in each overlap
+    mode it ran, within the pass-to-pass spread (the larger of the two rows')."""
+    out = []
+    for name in dict.fromkeys(r.config for r in rows if "-auto" in r.config and r.phase == "fixed"):
+        for load in loads:
+            mine = [r for r in rows if r.config == name and r.load == load]
+            if not mine:
+                continue
+            me = mine[0]
+            rivals = [r for r in rows if r.load == load and r.overlap == me.overlap and r.phase == "fixed"
+                      and (r.algorithm in ("NONE", "DFLASH") or isinstance(r.budget, int))]
+            if not rivals:
+                continue
+            best = max(rivals, key=lambda r: r.tokens_per_s)
+            margin = max(spread(me), spread(best))
+            ratio = me.tokens_per_s / best.tokens_per_s
+            out.append(Target(f"{name} >= max(NONE, DFLASH, best fixed tree) at {load} running requests",
+                              f"{me.tokens_per_s} vs {best.config} {best.tokens_per_s} ({ratio:.3f}x; spread "
+                              f"{margin:.1%})", ratio >= 1 - margin))
+    return out
+
+
 def targets(rows: list[SpeedRow], loads: tuple[int, ...], candidate: str) -> list[Target]:
     """Issue 45's three targets; `candidate` is the DDTREE setting held to the every-load one."""
     out = []
@@ -603,6 +636,8 @@ def main(argv=None) -> int:
                     help="measure this BUDGET[/CAP] schedule without the overlap scheduler")
     ap.add_argument("--schedule-on", default="", help="measure this BUDGET[/CAP] schedule with the overlap scheduler")
     ap.add_argument("--no-profile", action="store_true", help="phase 2 without the profiled servers")
+    ap.add_argument("--auto", default="",
+                    help="phase 1 also serves the width policy over these trees (cap 8), e.g. 8,16,32 (issue 70)")
     ap.add_argument("--no-chain", action="store_true",
                     help="phase 1 without the chain (budget block - 1, cap 1: 7 for a block-8 draft)")
     args = ap.parse_args(argv)
@@ -632,7 +667,8 @@ def main(argv=None) -> int:
         fleet = servers.Fleet(Path(args.pair), out / "logs")
         try:                                       # NONE first: the reference
             measure_fleet(fleet, fixed_configs(tuple(int(b) for b in args.budgets.split(",")), modes,
-                                               None if args.no_chain else chain), prompts,
+                                               None if args.no_chain else chain,
+                                               tuple(int(b) for b in args.auto.split(",") if b)), prompts,
                           loads, args.max_new_tokens, rows, out, args.start_timeout, references)
         finally:
             fleet.stop_all()
@@ -656,7 +692,7 @@ def main(argv=None) -> int:
     save_rows(rows, out)
     report = schedule_report(schedules, rows, loads)
     candidate = report.get("overlap", {}).get("server", found_name(True))
-    found = targets(rows, loads, candidate)
+    found = targets(rows, loads, candidate) + auto_targets(rows, loads)
     (out / "schedule.json").write_text(json.dumps(report, indent=1))
     beside = {name: schedule_cost(rows, name, loads) for name in map(found_name, modes)}
     costs = "\n\n".join(f"{name} beside its twins (measured in turn):\n\n{cost_table(c)}"

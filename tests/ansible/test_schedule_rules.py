@@ -12,7 +12,8 @@ import random
 import pytest
 import yaml
 
-from ddtree.settings import MAX_BUDGET, DDTreeConfigError, parse_schedule, schedule_problems
+from ddtree.settings import (AUTO_BUDGETS, MAX_BUDGET, DDTreeConfigError, auto_problems, parse_auto, parse_schedule,
+                             schedule_problems)
 
 from .conftest import ROOT, load_k26_inputs
 FIXED = ["32", "1", "1023", "1024", "0", "", " 8 ", "1:64,8:32,32:8", "1:8", "2:8", "1:8,1:4", "1:8,4:2,3:1",
@@ -27,7 +28,7 @@ def filter_module():
 def budget_rule() -> dict:
     rules = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())
     rule = next(v for k, v in rules.items() if isinstance(v, dict) and "k26_ddtree_budget" in v)["k26_ddtree_budget"]
-    assert rule["kind"] == "schedule" and rule["max"] == MAX_BUDGET
+    assert rule["kind"] == "budget" and rule["max"] == MAX_BUDGET
     return rule
 
 
@@ -75,3 +76,37 @@ def test_the_filter_flags_the_steps_ddtree_settings_finds_wrong(seed):
         problems = schedule_problems(parse_schedule(budget, "b"), parse_schedule(cap, "c"), block or None)
         found = {int(p.split(":")[0].removeprefix("from batch size ")) for p in problems}
         assert flagged == found, (budget, cap, block, steps, problems)
+
+
+AUTO_TEXTS = ["auto", "AUTO", " auto ", "auto:8,16,32", "auto:1", "auto:1023", "auto:1024", "auto:0,8", "auto:16,8",
+              "auto:8,8", "auto:", "auto:8,", "automatic", "auto 8", "auto:8;16", "auto:-1"]
+
+
+def parses_auto(text: str) -> bool:
+    try:
+        parse_auto(text, "x")
+        return True
+    except DDTreeConfigError:
+        return False
+
+
+@pytest.mark.parametrize("text", AUTO_TEXTS)
+def test_the_filter_accepts_auto_exactly_when_ddtree_settings_parses_it(text):
+    accepted = filter_module()._budget(text, budget_rule()) is None
+    assert accepted == parses_auto(text), text
+
+
+def test_the_filters_auto_budgets_are_ddtree_settings():
+    assert tuple(filter_module().AUTO_BUDGETS) == AUTO_BUDGETS
+
+
+@pytest.mark.parametrize("budget, cap, block", [("auto", "8", 8), ("auto:4,16", "8", 8), ("auto:4,16", "8", 16),
+                                                 ("auto:8,32", "1:8,8:4", 8), ("auto:2", "2", 0)])
+def test_the_filter_flags_the_auto_budgets_ddtree_settings_finds_wrong(budget, cap, block):
+    steps = filter_module().k26_schedule_steps(budget, cap, block)
+    flagged = {s["budget"] for s in steps if s["block_short"]}
+    cap_schedule = any(s["auto_cap_schedule"] for s in steps)
+    problems = auto_problems(parse_auto(budget, "b"), parse_schedule(cap, "c"), block or None)
+    assert cap_schedule == any("keeps one cap" in p for p in problems)
+    if not cap_schedule:
+        assert flagged == {int(p.split(":")[0].removeprefix("auto budget ")) for p in problems}

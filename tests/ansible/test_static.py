@@ -212,6 +212,18 @@ def test_a_budget_schedule_renders_as_written_and_ddtree_serve_takes_it(tmp_path
     assert [args.speculative_ddtree_budget.at(n) for n in (1, 4, 48)] == [16, 8, 3]
 
 
+def test_the_width_policy_renders_as_written_and_the_plugin_reads_it(tmp_path, vault_pass):
+    from ddtree.sglang.server_env import block_to_env, schedule_from_env, schedule_to_env
+
+    files = render("production", tmp_path, vault_pass, "-e", json.dumps({"k26_ddtree_budget": "auto:8,16"}))
+    flags = exec_flags(files["k26-gpu-01.service"])
+    assert "--speculative-ddtree-budget auto:8,16" in flags
+    env: dict = {}
+    schedule_to_env("auto:8,16", "8", env)
+    block_to_env(8, env)
+    assert schedule_from_env(env).choices() == ((7, 1), (8, 8), (16, 8))
+
+
 @pytest.fixture(scope="module")
 def pair_dir(tmp_path_factory) -> Path:
     import sys
@@ -331,6 +343,28 @@ def test_preflight_passes_sglang_with_ddtree(tmp_path, sglang_pair_dir, switched
     r = preflight(tmp_path, sglang_pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE",
                                               "k26_ddtree_budget": 3, "k26_ddtree_topk_cap": 1, **switched})
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_preflight_passes_the_width_policy_on_sglang(tmp_path, sglang_pair_dir):
+    r = preflight(tmp_path, sglang_pair_dir, {"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE",
+                                              "k26_ddtree_budget": "auto:3,8", "k26_ddtree_topk_cap": 4})
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "auto"},
+     "k26_ddtree_budget=auto (the width policy) is invalid with k26_server_kind=reference"),
+    ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "auto:8,16",
+      "k26_ddtree_topk_cap": "1:8,8:4"}, "keeps one cap for its trees"),
+    ({"k26_server_kind": "sglang", "k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "auto:2,8"},
+     "auto budget 2: k26_ddtree_budget=2 is invalid with k26_dflash_block_size=4"),
+    ({"k26_ddtree_budget": "auto:16,8"}, "k26_ddtree_budget=auto:16,8 is invalid: expected auto"),
+])
+def test_preflight_refuses_a_width_policy_it_cannot_serve(tmp_path, sglang_pair_dir, overrides, message):
+    r = preflight(tmp_path, sglang_pair_dir, overrides)
+    out = re.sub(r"\s+", " ", r.stdout)
+    assert r.returncode != 0
+    assert message in out, out[-3000:]
 
 
 @pytest.mark.parametrize("removed", ["SGLANG_DDTREE_SCHEDULE", "SGLANG_DDTREE_OVERLAP"])

@@ -302,3 +302,25 @@ def test_answers_are_saved_per_setting_and_load_where_the_partings_judge_reads_t
     for cfg in speed.fixed_configs((16, 64), (False, True), None):
         if cfg.algorithm != "NONE":
             assert speed_partings.none_key(cfg.name, 8) == speed.reference_key(cfg.overlap, 8), cfg.name
+
+
+def test_the_width_policy_is_held_to_the_best_of_every_fixed_setting_within_the_spread():
+    rows = [row("none-bs48", "NONE", 1, 300), row("dflash-bs48", "DFLASH", 1, 800, accept=4.2),
+            row("ddtree-b8-c8-graphs-bs48", "DDTREE", 1, 900, budget=8),
+            row("ddtree-b32-c8-graphs-bs48", "DDTREE", 1, 1000, budget=32),
+            row("ddtree-auto_8_32-c8-graphs-bs48", "DDTREE", 1, 960, budget="auto:8,32"),
+            row("none-bs48", "NONE", 8, 2500), row("dflash-bs48", "DFLASH", 8, 2400),
+            row("ddtree-b32-c8-graphs-bs48", "DDTREE", 8, 2000, budget=32),
+            row("ddtree-auto_8_32-c8-graphs-bs48", "DDTREE", 8, 2600, budget="auto:8,32")]
+    for r in rows:
+        r.walls = [1.0, 1.01]
+    rows[4].walls = [1.0, 1.02]                    # 2% spread: 960 is 4% under 1000
+    found = {t.what: t for t in speed.auto_targets(rows, (1, 8))}
+    at1 = found["ddtree-auto_8_32-c8-graphs-bs48 >= max(NONE, DFLASH, best fixed tree) at 1 running requests"]
+    assert not at1.met and "ddtree-b32-c8-graphs-bs48 1000" in at1.measured and "0.960x" in at1.measured
+    rows[3].walls = [1.0, 1.05]                    # the rival's own spread 4.8%: within it
+    assert {t.what: t for t in speed.auto_targets(rows, (1, 8))}[at1.what].met
+    assert found["ddtree-auto_8_32-c8-graphs-bs48 >= max(NONE, DFLASH, best fixed tree) at 8 running requests"].met
+    names = [c.name for c in speed.fixed_configs((8, 32), (False,), (7, 1), auto=(8, 32))]
+    assert names[-1] == "ddtree-auto_8_32-c8-graphs-bs48"
+    assert speed.servers.config(names[-1]).budget == "auto:8,32"

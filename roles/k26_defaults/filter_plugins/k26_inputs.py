@@ -92,10 +92,43 @@ def _schedule(value, rule: Mapping) -> str | None:
     return None
 
 
+AUTO_BUDGETS = (8, 16, 32)      # ddtree.settings.AUTO_BUDGETS (held equal by tests/ansible/test_schedule_rules.py)
+
+
+def _auto_budgets(value) -> list[int] | None:
+    """`auto` or `auto:8,16,32` -> the width policy's tree budgets (as written); None when it is not that form."""
+    text = str(value).strip().lower()
+    if isinstance(value, bool) or not re.fullmatch(r"auto(:[0-9]+(,[0-9]+)*)?", text):
+        return None
+    return list(AUTO_BUDGETS) if text == "auto" else [int(v) for v in text.split(":", 1)[1].split(",")]
+
+
+def _budget(value, rule: Mapping) -> str | None:
+    """A schedule (as _schedule), or the width policy: auto or auto:B1,B2,... (each budget in range, increasing;
+    the SGLang plugin's `--speculative-ddtree-budget auto`, issue 70)."""
+    if not str(value).strip().lower().startswith("auto") or isinstance(value, bool):
+        error = _schedule(value, rule)
+        return None if error is None else f"{error}; or auto (the width policy), e.g. auto:8,16,32"
+    budgets = _auto_budgets(value)
+    low, high = rule.get("min", 0), rule.get("max")
+    if (budgets is None or any(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:]))
+            or any(b < low or (high is not None and b > high) for b in budgets)):
+        return (f"expected auto (the budgets {','.join(map(str, AUTO_BUDGETS))}) or auto:B1,B2,... with each budget "
+                f"{_range(rule)}, increasing, e.g. auto:8,16,32")
+    return None
+
+
 def k26_schedule_steps(budget, topk_cap, block_size=0) -> list[dict]:
     """At each batch size where the budget or the cap schedule changes: the two values and whether
     the rules between them hold there (cap <= budget; budget + 1 >= the draft's block). Both must
-    have passed their `schedule` rule."""
+    have passed their rules. With auto, one row per tree budget (batch 1; each tree's cap is at most its budget, as
+    the plugin makes it) and `auto_cap_schedule` where the cap is a schedule (auto keeps one cap)."""
+    auto = _auto_budgets(budget)
+    if auto is not None:
+        c_pairs = _schedule_pairs(topk_cap)
+        return [{"batch": 1, "budget": b, "topk_cap": min(c_pairs[0][1], b), "cap_over_budget": False,
+                 "block_short": b + 1 < int(block_size or 0), "auto": True,
+                 "auto_cap_schedule": len(c_pairs) > 1} for b in auto]
     b_pairs, c_pairs = _schedule_pairs(budget), _schedule_pairs(topk_cap)
 
     def at(pairs, batch):
@@ -546,7 +579,7 @@ def _models(value, rule: Mapping) -> str | None:
 CHECKS: dict[str, Callable] = {
     "int": _int, "number": _number, "text": _text, "bool": _bool, "path": _path, "host": _host, "network": _network,
     "choice": _choice, "args": _args, "env": _env,
-    "schedule": _schedule, "api_key": _api_key, "api_keys": _api_keys, "list": _list, "url": _url,
+    "schedule": _schedule, "budget": _budget, "api_key": _api_key, "api_keys": _api_keys, "list": _list, "url": _url,
     "device": _pattern(DEVICE, "a DeviceAllow entry of the NVIDIA set: char-nvidia... or /dev/nvidia..., then r, w and/or m"),
     "git_ref": _pattern(GIT_REF, "a tag name of letters, digits and ._- (starting with a letter or digit)"),
     "model_name": _pattern(MODEL_NAME, "1-128 characters of letters, digits and ._:/- starting with a letter or digit"),
