@@ -43,6 +43,103 @@ def test_a_host_without_gpus_says_the_collector_skipped():
     assert collector.gpu_lines(None, "") == ['k26_gpu_collector_skipped{reason="no nvidia-smi on this host"} 1']
 
 
+# --- issue 71, item 3: GPU loss seen -------------------------------------------------------------------------------
+
+def collector_run(tmp_path: Path, smi_rc: int, kernel: str, expected: int = 3) -> str:
+    """The collector's command as the timer runs it, with an nvidia-smi that prints SMI and exits smi_rc and a
+    journalctl that prints `kernel`; its k26-gpu.prom."""
+    tools = tmp_path / "bin"
+    tools.mkdir(exist_ok=True)
+    (tmp_path / "smi.csv").write_text(SMI)
+    (tmp_path / "kernel.log").write_text(kernel)
+    (tools / "nvidia-smi").write_text(f"#!/bin/sh\n[ {smi_rc} = 0 ] && cat {tmp_path / 'smi.csv'}\n"
+                                      f"[ {smi_rc} = 0 ] || echo 'Unable to determine the device handle' >&2\n"
+                                      f"exit {smi_rc}\n")
+    (tools / "journalctl").write_text(f"#!/bin/sh\ncat {tmp_path / 'kernel.log'}\n")
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"locks": {}, "thresholds": {}, "expected_gpus": expected}))
+    out = tmp_path / "textfile"
+    r = subprocess.run([sys.executable, str(ROOT / "roles/monitoring/files/k26_textfile_metrics.py"), "--out", str(out),
+                        "--config", str(config)], capture_output=True, text=True, timeout=60,
+                       env={"PATH": f"{tools}:/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    return (out / "k26-gpu.prom").read_text()
+
+
+XID_79 = "NVRM: Xid (PCI:0000:81:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
+
+
+def xid_value(prom: str, xid: str) -> str:
+    """The value of the Xid series as written ("_": absent)."""
+    found = [ln.rsplit(" ", 1)[1] for ln in prom.splitlines() if ln.startswith("k26_gpu_xid_errors_total") and
+             f'xid="{xid}"' in ln]
+    return found[0] if found else "_"
+
+
+def test_a_first_xid_is_written_at_0_once_then_at_its_count(tmp_path):
+    runs = [collector_run(tmp_path, 0, ""), collector_run(tmp_path, 0, XID_79), collector_run(tmp_path, 0, XID_79),
+            collector_run(tmp_path, 0, XID_79 * 2)]
+    assert [xid_value(r, "79") for r in runs] == ["_", "0", "1", "2"]
+    assert json.loads((tmp_path / "textfile/k26-xid-seen.json").read_text())["seen"] == [["0000:81:00", "79"]]
+
+
+def test_a_new_boot_starts_the_xid_codes_again(tmp_path):
+    seen = {("0000:81:00", "79")}
+    collector.write_seen(tmp_path / "seen.json", "boot-a", seen)
+    assert collector.read_seen(tmp_path / "seen.json", "boot-a") == seen
+    assert collector.read_seen(tmp_path / "seen.json", "boot-b") == set()
+    (tmp_path / "seen.json").write_text("not json")
+    assert collector.read_seen(tmp_path / "seen.json", "boot-a") == set()
+
+
+def test_a_failing_nvidia_smi_keeps_the_xid_lines_and_counts_no_gpu(tmp_path):
+    collector_run(tmp_path, 0, XID_79)                       # seen once, while nvidia-smi still answered
+    prom = collector_run(tmp_path, 255, XID_79)               # after Xid 79 nvidia-smi fails
+    lines = prom.splitlines()
+    assert 'k26_gpu_collector_skipped{reason="nvidia-smi failed"} 1' in lines
+    assert "k26_gpu_visible{} 0" in lines and "k26_gpu_expected{} 3" in lines
+    assert 'k26_gpu_xid_errors_total{pci="0000:81:00",xid="79"} 1' in lines
+    assert not any(ln.startswith("k26_gpu_temperature_celsius") for ln in lines)
+    healthy = collector_run(tmp_path, 0, XID_79).splitlines()
+    assert "k26_gpu_visible{} 3" in healthy and 'k26_gpu_collector_skipped{reason=""} 0' in healthy
+
+
+def test_the_xid_alert_fires_on_the_collectors_own_output_and_would_not_on_a_series_starting_at_1(tmp_path):
+    """The collector's files of five runs a minute apart (the first Xid 79 between the second and the third), as
+    promtool's input series: K26GpuXid fires. The same counts without the 0 (the old collector) fire nothing."""
+    import os
+
+    import pytest
+    import yaml
+
+    promtool = os.environ.get("K26_PROMTOOL", "")
+    if not promtool or not Path(promtool).exists():
+        pytest.skip("K26_PROMTOOL is not set: `make promtool` unpacks Debian's, make test sets it")
+    kernels = ["", "", XID_79, XID_79, XID_79]
+    written = " ".join(xid_value(collector_run(tmp_path, 0, k), "79") for k in kernels)
+    assert written == "_ _ 0 1 1"
+    old = written.replace(" 0 ", " 1 ")
+
+    def case(values: str, expected: list) -> dict:
+        return {"interval": "1m",
+                "input_series": [{"series": 'k26_gpu_xid_errors_total{host="gpu1", pci="0000:81:00", xid="79"}',
+                                  "values": values}],
+                "alert_rule_test": [{"eval_time": "4m", "alertname": "K26GpuXid", "exp_alerts": expected}]}
+
+    rules = yaml.safe_load((ROOT / "roles/monitoring/files/k26-alerts.rules.yml").read_text())
+    rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "K26GpuXid")
+    fired = [{"exp_labels": {"severity": "page", "host": "gpu1", "pci": "0000:81:00", "xid": "79"},
+              "exp_annotations": {**rule["annotations"], "summary": "GPU Xid 79 on gpu1"}}]
+    for values, expected, ok in ((written, fired, True), (old, fired, False), (old, [], True)):
+        test = tmp_path / "xid.test.yml"
+        test.write_text(yaml.safe_dump({"rule_files": [str(ROOT / "roles/monitoring/files/k26-alerts.rules.yml")],
+                                        "tests": [case(values, expected)]}))
+        r = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+        assert (r.returncode == 0) == ok, (values, expected, r.stdout[-2000:])
+
+
 def test_a_held_lock_its_age_and_ttl_and_the_rest_of_the_state(tmp_path):
     locks = tmp_path / "run-k26-deploy"
     locks.mkdir()
@@ -77,7 +174,7 @@ def test_the_command_writes_both_files_whole(tmp_path):
                         "--config", str(config)], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin"})                     # no nvidia-smi on PATH
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["k26-gpu.prom", "k26-state.prom"]
+    assert sorted(p.name for p in out.iterdir()) == ["k26-gpu.prom", "k26-state.prom", "k26-xid-seen.json"]
     assert (out / "k26-gpu.prom").read_text() == 'k26_gpu_collector_skipped{reason="no nvidia-smi on this host"} 1\n'
     state = (out / "k26-state.prom").read_text()
     assert 'k26_alert_threshold{name="queue_depth_max"} 8' in state

@@ -4,9 +4,13 @@ root; each file written whole, then renamed, so a scrape never reads half of one
     k26_textfile_metrics.py --out DIR --config FILE
 
 k26-gpu.prom      from `nvidia-smi --query-gpu` (temperature, power and its limit, memory, ECC, clocks,
-                  throttle reasons: the bit mask and one 0/1 series per reason an alert reads) and the
-                  kernel log's `NVRM: Xid` lines, counted by code since boot; a host without nvidia-smi
-                  gets k26_gpu_collector_skipped{reason=...} 1 instead.
+                  throttle reasons: the bit mask and one 0/1 series per reason an alert reads), the GPUs it
+                  lists against those the inventory expects (k26_gpu_visible, k26_gpu_expected: one missing
+                  pages), and the kernel log's `NVRM: Xid` lines, counted by code since boot. Each Xid series
+                  is first written at 0 (the codes seen this boot are kept in k26-xid-seen.json beside the
+                  files), so that increase() sees its first error too; Xid lines are written whether or not
+                  nvidia-smi answers (after Xid 79 it fails). A host without nvidia-smi, or whose nvidia-smi
+                  fails, gets k26_gpu_collector_skipped{reason=...} 1.
 k26-state.prom    the deploy locks (held, since how long, their TTL: k26_maintenance is 1 while the
                   host lock is held - a deploy, sweep or validation is changing the host), the used share
                   of the snapshot folders' disks, the alert thresholds and, on a gateway host, the
@@ -60,17 +64,28 @@ def number(text: str) -> float | None:
 
 # --- GPUs ---------------------------------------------------------------------------------------
 
-def gpu_lines(smi: str | None, kernel_log: str) -> list[str]:
-    """Prometheus lines of the GPUs (nvidia-smi's CSV) and of the kernel log's Xid lines."""
-    if smi is None:
-        return [line("k26_gpu_collector_skipped", {"reason": "no nvidia-smi on this host"}, 1)]
-    out = [line("k26_gpu_collector_skipped", {"reason": ""}, 0)]
+NO_SMI, SMI_FAILED = "no nvidia-smi on this host", "nvidia-smi failed"
+
+
+def gpu_lines(smi: str | None, kernel_log: str, skipped: str = NO_SMI, expected: int = 0,
+              seen: set[tuple[str, str]] | None = None) -> list[str]:
+    """Prometheus lines of the GPUs (nvidia-smi's CSV; None: `skipped` says why there is none), of how many it lists
+    against `expected` (0: no expectation, nothing written), and of the kernel log's Xid lines (xid_lines)."""
+    out = [line("k26_gpu_collector_skipped", {"reason": "" if smi is not None else skipped}, 0 if smi is not None else 1)]
+    rows = smi.strip().splitlines() if smi is not None else []
+    if expected:
+        out += [line("k26_gpu_visible", {}, len(rows)), line("k26_gpu_expected", {}, expected)]
+    return out + smi_lines(rows) + xid_lines(kernel_log, seen)
+
+
+def smi_lines(rows: list[str]) -> list[str]:
+    out = []
     names = {"temperature.gpu": "k26_gpu_temperature_celsius", "power.draw": "k26_gpu_power_watts",
              "memory.used": "k26_gpu_memory_used_mib", "memory.total": "k26_gpu_memory_total_mib",
              "ecc.errors.uncorrected.volatile.total": "k26_gpu_ecc_uncorrected_errors",
              "ecc.errors.corrected.volatile.total": "k26_gpu_ecc_corrected_errors", "clocks.sm": "k26_gpu_sm_clock_mhz",
              "power.limit": "k26_gpu_power_limit_watts"}
-    for row in smi.strip().splitlines():
+    for row in rows:
         cells = dict(zip(GPU_FIELDS, (c.strip() for c in row.split(","))))
         labels = {"gpu": cells["index"], "name": cells["name"]}
         for field, metric in names.items():
@@ -80,13 +95,53 @@ def gpu_lines(smi: str | None, kernel_log: str) -> list[str]:
         reasons = cells.get("clocks_throttle_reasons.active", "")
         if reasons.startswith("0x"):
             out += throttle_lines(labels, int(reasons, 16))
+    return out
+
+
+def xid_counts(kernel_log: str) -> dict[tuple[str, str], int]:
+    """(PCI address, Xid code) -> how many times this boot's kernel log has it."""
     counts: dict[tuple[str, str], int] = {}
     for m in XID.finditer(kernel_log):
         key = (m["pci"].lower(), m["xid"])
         counts[key] = counts.get(key, 0) + 1
-    for (pci, xid), n in sorted(counts.items()):
-        out.append(line("k26_gpu_xid_errors_total", {"pci": pci, "xid": xid}, n))
+    return counts
+
+
+def xid_lines(kernel_log: str, seen: set[tuple[str, str]] | None = None) -> list[str]:
+    """One counter per (PCI address, Xid code); with `seen` (the codes of earlier runs this boot, updated here), a
+    code not seen before is written at 0 this run and at its count from the next on, so that increase() over the
+    alert's window sees the step from 0 (a series that starts at 1 shows no increase)."""
+    out = []
+    for key, n in sorted(xid_counts(kernel_log).items()):
+        first = seen is not None and key not in seen
+        out.append(line("k26_gpu_xid_errors_total", {"pci": key[0], "xid": key[1]}, 0 if first else n))
+        if seen is not None:
+            seen.add(key)
     return out
+
+
+def read_seen(path: Path, boot_id: str) -> set[tuple[str, str]]:
+    """The Xid codes written before during this boot (an unreadable file or another boot: none)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(data, dict) or data.get("boot_id") != boot_id:
+        return set()
+    return {(str(p), str(x)) for p, x in data.get("seen", [])}
+
+
+def write_seen(path: Path, boot_id: str, seen: set[tuple[str, str]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"boot_id": boot_id, "seen": sorted(seen)}))
+    os.replace(tmp, path)
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def throttle_lines(labels: dict, mask: int) -> list[str]:
@@ -97,12 +152,17 @@ def throttle_lines(labels: dict, mask: int) -> list[str]:
         for bit, reason in THROTTLE_REASONS.items()]
 
 
-def read_gpus() -> tuple[str | None, str]:
+def read_gpus() -> tuple[str | None, str, str]:
+    """(nvidia-smi's CSV or None, why there is none, this boot's Xid lines): the Xid lines whatever nvidia-smi did."""
     if shutil.which("nvidia-smi") is None:
-        return None, ""
-    smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=60)
-    return (smi.stdout if smi.returncode == 0 else None), kernel_log()
+        return None, NO_SMI, kernel_log()
+    try:
+        smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=60)
+        ok = smi.returncode == 0
+    except subprocess.TimeoutExpired:
+        ok = False
+    return (smi.stdout if ok else None), SMI_FAILED, kernel_log()
 
 
 def kernel_log() -> str:
@@ -227,11 +287,14 @@ def write_textfile(folder: Path, name: str, lines: list[str]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="the node exporter's textfile folder")
-    ap.add_argument("--config", type=Path, required=True, help="JSON: locks, snapshot_paths, disks, thresholds, expected_workers, service_unit, current_release")
+    ap.add_argument("--config", type=Path, required=True, help="JSON: locks, snapshot_paths, disks, thresholds, expected_workers, service_unit, current_release, expected_gpus")
     args = ap.parse_args(argv)
     config = json.loads(args.config.read_text())
-    smi, kernel_log = read_gpus()
-    write_textfile(args.out, "k26-gpu.prom", gpu_lines(smi, kernel_log))
+    smi, why, xids = read_gpus()
+    seen_file, boot = args.out / "k26-xid-seen.json", boot_id()
+    seen = read_seen(seen_file, boot)
+    write_textfile(args.out, "k26-gpu.prom", gpu_lines(smi, xids, why, int(config.get("expected_gpus", 0)), seen))
+    write_seen(seen_file, boot, seen)
     unit = Path(config["service_unit"]) if config.get("service_unit") else None
     unit_text = unit.read_text() if unit is not None and unit.exists() else None
     current = Path(config.get("current_release", "/nonexistent"))
