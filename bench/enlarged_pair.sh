@@ -11,6 +11,8 @@
 #    test_ddtree_server.py's greedy and chain tests on the enlarged pair, its referee the small reference pair
 #    (SERVERS: the configurations, default none,dflash,ddtree-b32-c8-graphs,ddtree-b7-c1-graphs,ddtree-auto-c8-graphs),
 #    and tests/gpu_sglang/test_width_policy.py's tests of the width policy (issue 70) without the overlap scheduler.
+# POLICY_ONLY=1: after step 1 only the width policy's tests (tests/gpu_sglang/test_width_policy.py, no overlap twin) on
+# the small pair exported with bf16 experts ($ROOT/plain; SERVERS_POLICY, default none,ddtree-auto-c8-graphs).
 # Results: $OUT/results.md, results.json, logs.tgz.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,6 +31,17 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade 
 if [ ! -f "$ROOT/pair/b8/draft/model.safetensors" ]; then
   python3 bench/train_pair.py --out "$ROOT/pair" --size kimi-allexp --minutes "${TRAIN_MINUTES:-2}" --block-sizes 8 \
     --prompts 32 --device cuda | grep -E "held-out|steps in" || exit 1
+fi
+if [ -n "${POLICY_ONLY:-}" ]; then   # the width policy's tests alone, on the small pair (bf16 experts): a short job
+  [ -d "$ROOT/plain/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/pair/b8" --out "$ROOT/plain" || exit 1
+  echo "[enlarged] pair ready after $(( $(date +%s) - t0 )) s; the width policy's tests on it"
+  SGLANG_DDTREE_PAIR="$ROOT/plain" SGLANG_DDTREE_REF="$ROOT/pair/b8" SGLANG_DDTREE_PROMPTS="$ROOT/pair/heldout_prompts.json" \
+  SGLANG_DDTREE_OUT="$OUT" SGLANG_DDTREE_START="${SERVERS_POLICY:-none,ddtree-auto-c8-graphs}" \
+    python3 -m pytest tests/gpu_sglang/test_width_policy.py -p no:cacheprovider -q -rfE -k "not overlap"
+  rc=$?
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null
+  echo "[enlarged] width policy tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
+  exit $rc
 fi
 [ -d "$ROOT/small/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/pair/b8" --out "$ROOT/small" \
   --int4-experts || exit 1
