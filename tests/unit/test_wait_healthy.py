@@ -80,3 +80,40 @@ def test_health_is_read_over_http(server):
 def test_bad_arguments_are_refused_with_the_usage(capsys):
     assert waiter.main(["http://x/health", "k26-ddtree.service"]) == 2
     assert "usage: k26_wait_healthy.py URL UNIT TIMEOUT JOURNAL_LINES" in capsys.readouterr().err
+
+
+# --- issue 71: a load that makes no progress ends the wait ------------------------------------------------------
+
+def test_a_load_that_logs_or_fills_memory_is_progress_and_a_silent_one_stalls():
+    progress = waiter.Progress(since=0.0)
+    progress.saw(100.0, lines=3, memory=1000)            # log lines: progress
+    progress.saw(400.0, lines=0, memory=5000)            # the weights coming onto the GPUs: progress
+    progress.saw(700.0, lines=0, memory=5030)            # within 64 MiB: not progress
+    assert progress.since == 400.0
+    assert progress.stalled(1000.0, stall=900) is None
+    says = progress.stalled(1301.0, stall=900)
+    assert says.startswith("the load made no progress for 901 s (k26_health_stall_timeout 900 s)")
+    assert "unchanged at 5030 MiB" in says and "NCCL" in says
+    assert progress.stalled(1e9, stall=0) is None        # 0: never
+
+
+def test_without_nvidia_smi_the_journal_alone_decides():
+    progress = waiter.Progress(since=0.0)
+    progress.saw(50.0, lines=0, memory=None)
+    assert progress.since == 0.0 and "no GPU memory to read" in progress.stalled(901.0, stall=900)
+
+
+def test_a_stalled_load_ends_the_wait_with_its_reason_and_the_journal(monkeypatch, server):
+    """The wait itself, on a clock of its own: /health never answers 200, the unit stays activating, the journal
+    stops growing after the first minute; the wait ends at the stall, not at the 3600 s timeout."""
+    url, _ = server
+    clock = {"t": 0.0}
+    monkeypatch.setattr(waiter.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(waiter.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + s))
+    monkeypatch.setattr(waiter, "unit_state", lambda unit: LOADING)
+    monkeypatch.setattr(waiter, "new_journal_lines", lambda unit, cursor: (2 if clock["t"] < 60 else 0, "c"))
+    monkeypatch.setattr(waiter, "gpu_memory_mib", lambda: 70000)
+    monkeypatch.setattr(waiter, "journal", lambda unit, lines: ["NCCL INFO Init START"])
+    result = waiter.wait(url, "k26-ddtree.service", timeout=3600, lines=10, stall=300)
+    assert not result["healthy"] and result["journal"] == ["NCCL INFO Init START"]
+    assert result["reason"].startswith("the load made no progress for 30") and 355 <= result["seconds"] <= 365

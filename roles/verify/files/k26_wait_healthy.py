@@ -1,12 +1,14 @@
 """Wait until a systemd-run server answers /health 200, watching its unit meanwhile (standard library only).
 
-  python3 k26_wait_healthy.py URL UNIT TIMEOUT JOURNAL_LINES
+  python3 k26_wait_healthy.py URL UNIT TIMEOUT JOURNAL_LINES [STALL_SECONDS]
 
 A 1T model loads for tens of minutes, so the wait is long; a server that cannot start must not keep it going
 that long. Every 5 seconds: /health (200: done), else the unit's state from `systemctl show`. The wait stops at
 once, with the unit's last journal lines, when the unit failed, is inactive, or systemd restarted its process
 (NRestarts above what it was when the wait began, or the unit waiting out RestartSec): the start failed and the
-journal says why. Prints one JSON line: {"healthy": bool, "seconds": float, "reason": str, "unit": {...},
+journal says why. It also stops when the load makes no progress for STALL_SECONDS (0: never): no new line in the
+unit's journal and the GPUs' used memory unchanged (nvidia-smi; on a host without it the journal alone) - a load
+stuck in an NCCL init or a hung rank would otherwise hold the deploy for the whole TIMEOUT. Prints one JSON line: {"healthy": bool, "seconds": float, "reason": str, "unit": {...},
 "journal": [str]}; exit status 0 when healthy, 1 otherwise.
 """
 
@@ -75,15 +77,69 @@ def journal(unit: str, lines: int) -> list[str]:
     return out.stdout.splitlines()
 
 
-def wait(url: str, unit: str, timeout: float, lines: int) -> dict:
+def new_journal_lines(unit: str, cursor: str | None) -> tuple[int, str | None]:
+    """(lines the unit's journal gained after `cursor`, the new cursor); None: from now on."""
+    argv = ["journalctl", "-u", unit, "--no-pager", "-o", "cat", "--show-cursor", "-q"]
+    argv += [f"--after-cursor={cursor}"] if cursor else ["-n", "0"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.splitlines()
+    marks = [line for line in out if line.startswith("-- cursor: ")]
+    new_cursor = marks[-1].removeprefix("-- cursor: ") if marks else cursor
+    return len([line for line in out if not line.startswith("-- cursor: ")]), new_cursor
+
+
+def gpu_memory_mib() -> int | None:
+    """The GPUs' used memory, summed (None without nvidia-smi or when it fails)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    try:
+        return sum(int(x) for x in out.stdout.split()) if out.returncode == 0 else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class Progress:
+    """When the load last moved: a new journal line, or the GPUs' used memory changing by more than 64 MiB."""
+
+    since: float
+    memory: int | None = None
+    cursor: str | None = None
+
+    def saw(self, now: float, lines: int, memory: int | None) -> None:
+        moved = lines > 0 or (memory is not None and (self.memory is None or abs(memory - self.memory) > 64))
+        if memory is not None:
+            self.memory = memory
+        if moved:
+            self.since = now
+
+    def stalled(self, now: float, stall: float) -> str | None:
+        if stall <= 0 or now - self.since < stall:
+            return None
+        memory = f"the GPUs' used memory unchanged at {self.memory} MiB" if self.memory is not None else \
+            "no GPU memory to read"
+        return (f"the load made no progress for {now - self.since:.0f} s (k26_health_stall_timeout {stall:.0f} s): no "
+                f"new line in the unit's journal and {memory} - stuck (an NCCL init, a hung rank); the journal's "
+                "last lines say where")
+
+
+def wait(url: str, unit: str, timeout: float, lines: int, stall: float = 0.0) -> dict:
     start = time.monotonic()
     first = unit_state(unit)
+    progress = Progress(since=start)
+    _, progress.cursor = new_journal_lines(unit, None) if stall > 0 else (0, None)
     while True:
         if health_status(url) == 200:
             return {"healthy": True, "seconds": round(time.monotonic() - start, 1), "reason": "", "unit": {},
                     "journal": []}
         now = unit_state(unit)
         reason = start_failed(first, now)
+        if reason is None and stall > 0:
+            added, progress.cursor = new_journal_lines(unit, progress.cursor)
+            progress.saw(time.monotonic(), added, gpu_memory_mib())
+            reason = progress.stalled(time.monotonic(), stall)
         if reason is None and time.monotonic() - start >= timeout:
             reason = f"no 200 from {url} within {timeout:.0f} s (k26_health_timeout) while the unit is {now.active}"
         if reason is not None:
@@ -93,11 +149,11 @@ def wait(url: str, unit: str, timeout: float, lines: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 4:
-        print("usage: k26_wait_healthy.py URL UNIT TIMEOUT JOURNAL_LINES", file=sys.stderr)
+    if len(argv) not in (4, 5):
+        print("usage: k26_wait_healthy.py URL UNIT TIMEOUT JOURNAL_LINES [STALL_SECONDS]", file=sys.stderr)
         return 2
     url, unit, timeout, lines = argv[0], argv[1], float(argv[2]), int(argv[3])
-    result = wait(url, unit, timeout, lines)
+    result = wait(url, unit, timeout, lines, float(argv[4]) if len(argv) == 5 else 0.0)
     print(json.dumps(result))
     return 0 if result["healthy"] else 1
 
