@@ -83,8 +83,9 @@ def test_the_sandbox_scrapes_every_host_from_the_inventory(tmp_path, vault_pass)
     assert server["thresholds"]["accept_length_floor"] == 0.9          # the sandbox's random pair (its group_vars)
     assert server["disks"]["extra-1"] == "/var/lib/k26-disk-standin"     # the disk stand-in the sandbox test fills
     receivers = yaml.safe_load(files["gateway.alertmanager.yml"])["receivers"]
-    assert [r["webhook_configs"][0]["url"] for r in receivers] == ["http://127.0.0.1:39093/alerts",
-                                                                   "http://127.0.0.1:39093/heartbeat"]
+    assert [(r["name"], r["webhook_configs"][0]["url"]) for r in receivers] == [
+        ("k26-page", "http://127.0.0.1:39093/alerts"), ("k26-ticket", "http://127.0.0.1:39093/alerts"),   # no ticket hook
+        ("k26-heartbeat", "http://127.0.0.1:39093/heartbeat")]
 
 
 def test_the_rendered_configurations_pass_promtool_and_amtool(tmp_path, vault_pass):
@@ -104,7 +105,43 @@ def test_the_rendered_configurations_pass_promtool_and_amtool(tmp_path, vault_pa
             r = subprocess.run(cmd + [str(path)], capture_output=True, text=True, timeout=60)
             assert r.returncode == 0, (name, kind, r.stdout + r.stderr)
         if name == "no-webhook":
-            assert yaml.safe_load(files["gateway.alertmanager.yml"])["receivers"][0] == {"name": "k26"}
+            assert yaml.safe_load(files["gateway.alertmanager.yml"])["receivers"][:2] == [{"name": "k26-page"},
+                                                                                        {"name": "k26-ticket"}]
+
+
+def rules() -> list[dict]:
+    text = (ROOT / "roles/monitoring/files/k26-alerts.rules.yml").read_text()
+    return [r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_pages_and_tickets_reach_their_own_receivers_and_a_down_host_pages_once(tmp_path, vault_pass):
+    """Issue 71, item 2, on the rendered Alertmanager configuration with amtool's own router: every alert of the rules
+    by its severity (pages to the on-call, tickets to theirs, the heartbeat alone), failed notifications to both; the
+    inhibition of a down host's node exporter covers every server and GPU alert of that host and nothing else."""
+    amtool = tool("amtool")
+    files = render_monitoring(tmp_path, vault_pass, "inventory/sandbox", extra=(
+        "-e", '{"k26_alert_ticket_webhooks": ["http://127.0.0.1:39093/tickets"]}'))
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(files["gateway.alertmanager.yml"])
+    want = {"page": "k26-page", "ticket": "k26-ticket"}
+    for rule in rules():
+        labels = [f"alertname={rule['alert']}", f"severity={rule['labels']['severity']}", "host=gpu1"]
+        r = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}", *labels],
+                           capture_output=True, text=True, timeout=60)
+        got = r.stdout.strip()
+        expected = {"K26DeadMansSwitch": "k26-heartbeat",
+                    "K26NotificationsFailing": "k26-ticket,k26-page"}.get(rule["alert"]) or want[rule["labels"]["severity"]]
+        assert got == expected, (rule["alert"], got, r.stderr)
+    receivers = {r["name"]: r["webhook_configs"][0]["url"] for r in yaml.safe_load(config.read_text())["receivers"]}
+    assert receivers["k26-ticket"] == "http://127.0.0.1:39093/tickets"
+    inhibit = yaml.safe_load(config.read_text())["inhibit_rules"]
+    assert len(inhibit) == 1 and inhibit[0]["equal"] == ["host"]
+    assert inhibit[0]["source_matchers"] == ['alertname="K26TargetDown"', 'job="k26-node"']
+    pattern = re.fullmatch(r'alertname=~"(.*)"', inhibit[0]["target_matchers"][0]).group(1)
+    silenced = {r["alert"] for r in rules() if re.fullmatch(pattern, r["alert"])}
+    host_alerts = {r["alert"] for r in rules() if r["alert"].startswith(("K26Server", "K26Gpu"))}
+    assert host_alerts <= silenced and "K26TargetDown" not in silenced and "K26DeadMansSwitch" not in silenced
+    assert "K26GatewayWorkerNotReady" not in silenced          # the gateway's view of a worker still pages
 
 
 def test_production_targets_come_from_the_worker_urls_and_the_host_addresses(tmp_path, vault_pass):
@@ -132,7 +169,7 @@ def test_production_targets_come_from_the_worker_urls_and_the_host_addresses(tmp
     assert json.loads(files["k26-gw-01.metrics.json"])["disks"] == {"root": "/", "logs": "/var/log"}
     # the dead man's switch to its own receiver only, on its own interval
     alertmanager = yaml.safe_load(files["k26-gw-01.alertmanager.yml"])
-    [heartbeat] = alertmanager["route"]["routes"]
+    heartbeat = alertmanager["route"]["routes"][0]
     assert heartbeat["matchers"] == ['alertname="K26DeadMansSwitch"'] and heartbeat["receiver"] == "k26-heartbeat"
     assert heartbeat["repeat_interval"] == "5m" and heartbeat["continue"] is False
 
