@@ -243,3 +243,21 @@ def test_xid_lines_come_from_dmesg_on_a_host_without_journalctl(tmp_path, monkey
     assert 'k26_gpu_xid_errors_total{pci="0000:81:00",xid="79"} 2' in collector.gpu_lines(SMI, log)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert collector.kernel_log() == ""
+
+
+def test_a_host_stopped_by_maintenance_is_in_maintenance_until_its_marker_goes(tmp_path):
+    """playbooks/maintenance.yml's stop leaves `stopped` in the host lock's folder: k26_maintenance 1 with no lock
+    held, and how long ago; a start (or a deploy, or a reboot: the folder is under /run) removes it."""
+    locks = tmp_path / "run-k26-deploy"
+    locks.mkdir()
+    (locks / "lock").touch()
+    config = {"locks": {"host": str(locks)}, "thresholds": {}}
+    assert "k26_maintenance{} 0" in collector.state_lines(config, time.time())
+    (locks / "stopped").write_text("stopped by playbooks/maintenance.yml\n")
+    lines = collector.state_lines(config, time.time() + 120)
+    assert "k26_maintenance{} 1" in lines and 'k26_lock_held{lock="host",lock_dir="' + str(locks) + '"} 0' in lines
+    age = float(next(ln for ln in lines if ln.startswith("k26_stopped_by_maintenance_seconds")).rsplit(" ", 1)[1])
+    assert 115 < age < 130
+    (locks / "stopped").unlink()
+    lines = collector.state_lines(config, time.time())
+    assert "k26_maintenance{} 0" in lines and "k26_stopped_by_maintenance_seconds{} 0" in lines

@@ -12,7 +12,8 @@ k26-gpu.prom      from `nvidia-smi --query-gpu` (temperature, power and its limi
                   nvidia-smi answers (after Xid 79 it fails). A host without nvidia-smi, or whose nvidia-smi
                   fails, gets k26_gpu_collector_skipped{reason=...} 1.
 k26-state.prom    the deploy locks (held, since how long, their TTL: k26_maintenance is 1 while the
-                  host lock is held - a deploy, sweep or validation is changing the host), the used share
+                  host lock is held - a deploy, sweep or validation is changing the host - and while the
+                  service is stopped by playbooks/maintenance.yml: k26_stopped_by_maintenance_seconds), the used share
                   of the snapshot folders' disks, the alert thresholds and, on a gateway host, the
                   workers it must route to (from FILE, which the monitoring role writes from the inventory),
                   and on a k26 host what it runs: k26_service_info{release, algorithm, budget, topk_cap,
@@ -227,6 +228,15 @@ def used_ratio(path: Path) -> float:
     return round(1 - st.f_bavail / st.f_blocks, 4) if st.f_blocks else 0.0
 
 
+def stopped_seconds(folder: Path, now: float) -> float | None:
+    """How long ago playbooks/maintenance.yml stopped the service (its marker in the host lock's folder, root's and
+    gone at reboot), or None when it did not."""
+    try:
+        return round(max(0.0, now - (folder / "stopped").stat().st_mtime), 1)
+    except OSError:
+        return None
+
+
 def state_lines(config: dict, now: float) -> list[str]:
     out = []
     maintenance = 0
@@ -236,6 +246,10 @@ def state_lines(config: dict, now: float) -> list[str]:
         out += [line("k26_lock_held", labels, int(state.held)), line("k26_lock_held_seconds", labels, state.held_seconds),
                 line("k26_lock_ttl_seconds", labels, state.ttl_seconds)]
         maintenance |= state.held and name == "host"
+        if name == "host":
+            stopped = stopped_seconds(Path(folder), now)
+            out.append(line("k26_stopped_by_maintenance_seconds", {}, stopped if stopped is not None else 0))
+            maintenance |= stopped is not None
     out.append(line("k26_maintenance", {}, int(maintenance)))
     for path in config.get("snapshot_paths", []):
         out.append(line("k26_snapshot_disk_used_ratio", {"path": path}, used_ratio(Path(path))))
