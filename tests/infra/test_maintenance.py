@@ -43,7 +43,10 @@ def test_stop_then_start(converged, tmp_path):
         stopped = maintenance("stop", tmp_path)
         assert stopped.rc == 0, stopped.out[-3000:]
         assert guest("systemctl is-active k26-ddtree", check=False).stdout.strip() == "inactive" and lock_free()
+        # the stop's marker: the host's availability alerts stay silent with the lock released (issue 71)
+        assert "stopped by playbooks/maintenance.yml" in guest("cat /run/k26-deploy/stopped").stdout
     finally:
         started = maintenance("start", tmp_path)
     assert started.rc == 0, started.out[-3000:]
     assert guest("systemctl is-active k26-ddtree", check=False).stdout.strip() == "active" and lock_free()
+    assert guest("test -e /run/k26-deploy/stopped", check=False).returncode != 0
