@@ -223,9 +223,9 @@ def test_the_policy_numbers_reach_a_multiprocess_registry(tmp_path, monkeypatch)
     monkeypatch.setattr(prometheus_client.values, "ValueClass", prometheus_client.values.get_value_class())
     from ddtree.sglang import policy_metrics
 
-    assert policy_metrics.PolicyMetrics.create(table(), rank=1) is None
-    assert policy_metrics.PolicyMetrics.create(table(), rank=0, environ={}) is None
-    metrics = policy_metrics.PolicyMetrics.create(table(), rank=0)
+    assert policy_metrics.PolicyMetrics.create(table(), rank=1, enabled=True) is None
+    assert policy_metrics.PolicyMetrics.create(table(), rank=0, enabled=False) is None
+    metrics = policy_metrics.PolicyMetrics.create(table(), rank=0, enabled=True)
     policy = policy_of(FLAT)
     for _ in range(policy_metrics.PUBLISH_EVERY + 1):
         run_step(policy, draft(0.5))

@@ -1,9 +1,8 @@
 """The width policy's numbers on SGLang's /metrics (issue 70; prometheus-client, as SGLang's own collectors).
 
-With `--enable-metrics` SGLang serves /metrics from a multiprocess registry (PROMETHEUS_MULTIPROC_DIR, set before
-its scheduler processes start): what a scheduler process writes to a prometheus-client metric appears there, as
-SGLang's own scheduler gauges do. TP rank 0 writes (every rank chooses alike); without the directory nothing is
-created.
+With `--enable-metrics` SGLang serves /metrics from a multiprocess registry (set up before its scheduler processes
+start): what a scheduler process writes to a prometheus-client metric appears there, as SGLang's own scheduler gauges
+do. TP rank 0 writes (every rank chooses alike); without --enable-metrics nothing is created.
 
   sglang:ddtree_step_cost_ms{batch, width}     the step cost table the policy prices widths by (set at start-up)
   sglang:ddtree_policy_steps_total{option}      decode steps that ran each option (chain, b8, ...)
@@ -14,7 +13,6 @@ created.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from ddtree.sglang.graph_timing import CostTable
@@ -32,11 +30,12 @@ class PolicyMetrics:
     published: dict[str, int] = field(default_factory=dict)     # steps counted so far, by option
 
     @classmethod
-    def create(cls, table: CostTable, rank: int, environ=None) -> PolicyMetrics | None:
-        environ = os.environ if environ is None else environ
-        if rank != 0 or not environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    def create(cls, table: CostTable, rank: int, enabled: bool) -> PolicyMetrics | None:
+        """The metrics on TP rank 0 of a server with --enable-metrics (`enabled`: SGLang's observability setting),
+        else None."""
+        if rank != 0 or not enabled:
             return None
-        from prometheus_client import Counter, Gauge        # after the directory is known (prometheus-client reads it)
+        from prometheus_client import Counter, Gauge        # imported here: SGLang sets its registry up first
 
         cost = Gauge("sglang:ddtree_step_cost_ms", "DDTREE step cost (draft + verify of a width) by running batch, "
                      "ms", ["batch", "width"], multiprocess_mode="mostrecent")

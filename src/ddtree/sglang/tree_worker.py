@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.runtime_context import get_exec, get_parallel
+from sglang.srt.runtime_context import get_exec, get_observability, get_parallel
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
@@ -112,7 +112,8 @@ class DDTreeWorker(DFlashWorkerV2):
         if parts.schedule.auto:
             table = step_costs(self, parts.widths, parts.cost_table)
             parts.policy = step_policy(self, parts.schedule, table)
-            parts.metrics = PolicyMetrics.create(table, get_parallel().tp_group.rank_in_group)
+            parts.metrics = PolicyMetrics.create(table, get_parallel().tp_group.rank_in_group,
+                                                 bool(get_observability().enable_metrics))
 
     def _maybe_build_draft_sampler(self):
         """DFlashWorkerV2.init_cuda_graphs calls this right before the draft's graphs are captured and folds what
