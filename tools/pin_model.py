@@ -107,9 +107,26 @@ def digest_list(digests: list[Digest]) -> str:
     return "".join(f"{d.sha256}  {d.path}\n" for d in digests)
 
 
+def inventory_of(out: Path) -> Path | None:
+    """The inventory folder the digest list is written into: the nearest folder above it with a hosts file."""
+    for folder in out.resolve().parents:
+        if any((folder / name).is_file() for name in ("hosts.yml", "hosts.yaml", "hosts", "hosts.ini")):
+            return folder
+    return None
+
+
+def digests_path(out: Path) -> str:
+    """How the k26_models entry names the list: under {{ inventory_dir }} with every folder between (issue 71: the
+    file name alone lost its models/ folder), else the absolute path."""
+    inventory = inventory_of(out)
+    if inventory is None:
+        return str(out.resolve())
+    return "{{ inventory_dir }}/" + out.resolve().relative_to(inventory).as_posix()
+
+
 def entry(name: str, pin: Pin, out: Path) -> str:
     return (f"  - name: {name}\n    source: {pin.source}\n    dest: \"{{{{ k26_{'draft_' if name == 'draft' else ''}"
-            f"model_path }}}}\"\n    digests: \"{{{{ inventory_dir }}}}/{out.name}\"\n")
+            f"model_path }}}}\"\n    digests: \"{digests_path(out)}\"\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ The digest list it writes is then the one the staging play checks (tests/infra/t
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import socket
 import subprocess
 import sys
@@ -22,6 +23,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("pin_model", ROOT / "tools/pin_model.py")
+pin_model = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("pin_model", pin_model)       # its dataclasses resolve annotations through the module
+_spec.loader.exec_module(pin_model)
 REPO = "acme/tiny-k2"
 COMMIT = "3f2c1e0b9a8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b"
 LARGE = b"\x00" * 5000 + b"weights"
@@ -162,3 +167,16 @@ def test_a_gated_model_needs_hf_token_which_no_output_shows(hub, tmp_path):
     ok = pin(hub, tmp_path, token=TOKEN)
     assert ok.returncode == 0, ok.stderr
     assert TOKEN not in ok.stdout + ok.stderr + (tmp_path / "target.sha256").read_text()
+
+
+
+def test_the_printed_entry_names_the_list_where_the_inventory_finds_it(tmp_path):
+    """Issue 71: the entry printed the file name alone, so the README's `--out inventory/site/models/target.sha256`
+    gave `{{ inventory_dir }}/target.sha256`, which the input check refused; now every folder between is kept."""
+    inventory = tmp_path / "site"
+    (inventory / "models").mkdir(parents=True)
+    (inventory / "hosts.yml").write_text("k26: {}\n")
+    assert pin_model.digests_path(inventory / "models" / "target.sha256") == "{{ inventory_dir }}/models/target.sha256"
+    assert pin_model.digests_path(inventory / "target.sha256") == "{{ inventory_dir }}/target.sha256"
+    loose = tmp_path / "elsewhere" / "t.sha256"
+    assert pin_model.digests_path(loose) == str(loose.resolve())            # no inventory above: the absolute path
