@@ -172,6 +172,7 @@ class WidthPolicy:
     options: tuple[Option, ...]
     curve: CostCurve
     calibration: Calibration | None = None
+    _option_tensors: dict = field(default_factory=dict, init=False, repr=False)   # device -> option_tensors()
 
     def __post_init__(self):
         for o in self.options:
@@ -190,15 +191,22 @@ class WidthPolicy:
         """(tree budgets int64 [n] (0 for none and the chain), is-chain bool [n]) on `device`, made once per device
         (a decode step copies nothing from the host)."""
         key = str(device)
-        cache = self.__dict__.setdefault("_option_tensors", {})
-        if key not in cache:
-            cache[key] = (torch.tensor([o.budget if o.is_tree else 0 for o in self.options], device=device),
-                          torch.tensor([o.name == "chain" for o in self.options], device=device))
-        return cache[key]
+        if key not in self._option_tensors:
+            self._option_tensors[key] = (
+                torch.tensor([o.budget if o.is_tree else 0 for o in self.options], device=device),
+                torch.tensor([o.name == "chain" for o in self.options], device=device))
+        return self._option_tensors[key]
 
-    def expectations(self, tree: DraftTree, cand: Candidates, live: torch.Tensor | None = None) -> torch.Tensor:
-        """Expected accepted tokens + 1 of every option, summed over the live requests: float32 [len(options)]."""
-        scale = self.calibration.scale().to(tree.scores.device) if self.calibration is not None else None
+    def calibration_scale(self, device) -> torch.Tensor | None:
+        """The calibration's per-depth scale [L+1] on `device` (None without a calibration)."""
+        return self.calibration.scale().to(device) if self.calibration is not None else None
+
+    def expectations(self, tree: DraftTree, cand: Candidates, live: torch.Tensor | None = None,
+                     scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Expected accepted tokens + 1 of every option, summed over the live requests: float32 [len(options)].
+        scale: the calibration's, when the caller has it already (else computed here)."""
+        if scale is None:
+            scale = self.calibration_scale(tree.scores.device)
         budgets, is_chain = self.option_tensors(tree.scores.device)                        # [n], [n]
         per = tree_expectations(tree, budgets, scale)                                      # [bs, n]
         chain = chain_expectation(cand, scale)                                             # [bs]

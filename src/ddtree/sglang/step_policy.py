@@ -104,6 +104,10 @@ class StepPolicy:
         self.share = share                         # rank 0's host share for every rank (None at TP 1)
         self.share_every = share_every
         self.chain = next((i for i, o in enumerate(policy.options) if o.name == "chain"), 0)
+        trees = [o for o in policy.options if o.is_tree]
+        self.tree_budget = policy.widest                                # the widest tree, built every step
+        self.tree_cap = max((o.cap for o in trees), default=1)
+        self.cand_cap = max(o.cap for o in policy.options)               # candidates the expectations read
         pinned = torch.cuda.is_available() and torch.device(device).type == "cuda"
         n = len(policy.options) + (policy.calibration.depth + 1 if policy.calibration is not None else 0)
         self.slots = [Slot(torch.zeros(n, dtype=torch.float32, pin_memory=pinned)) for _ in range(lag + 1)]
@@ -161,11 +165,11 @@ class StepPolicy:
                 step_cap: int) -> None:
         """This step's expectations into its slot. widest: the head's candidates [bs, L, K(widest)]; roots [bs]."""
         tree = self.widest_tree(step_tree, widest, roots, step_budget, step_cap)
-        cap = max(o.cap for o in self.options)
-        cand = Candidates(logp=widest.logp[..., :cap], tokens=widest.tokens[..., :cap])
-        mean = self.policy.expectations(tree, cand) / tree.batch_size                      # float32 [n options]
-        if self.policy.calibration is not None:
-            mean = torch.cat([mean, self.policy.calibration.scale().to(mean.device)])      # [n + L + 1]
+        cand = Candidates(logp=widest.logp[..., :self.cand_cap], tokens=widest.tokens[..., :self.cand_cap])
+        scale = self.policy.calibration_scale(tree.scores.device)                          # [L + 1] or None
+        mean = self.policy.expectations(tree, cand, scale=scale) / tree.batch_size         # float32 [n options]
+        if scale is not None:
+            mean = torch.cat([mean, scale])                                                # [n + L + 1]
         slot = self.slots[(self.step - 1) % len(self.slots)]                               # choose() counted it
         slot.values.copy_(mean, non_blocking=True)
         if slot.event is None and torch.device(self.device).type == "cuda":
@@ -177,13 +181,11 @@ class StepPolicy:
     def widest_tree(self, step_tree: DraftTree, widest: Candidates, roots: torch.Tensor, step_budget: int,
                     step_cap: int) -> DraftTree:
         """The widest option's tree: this step's own when it is that tree, else built from the candidates."""
-        budget = self.policy.widest
-        cap = max(o.cap for o in self.options if o.is_tree) if any(o.is_tree for o in self.options) else 1
-        if step_budget == budget and step_cap == cap:
+        if step_budget == self.tree_budget and step_cap == self.tree_cap:
             return step_tree
-        k = min(widest.logp.shape[-1], cap)
+        k = min(widest.logp.shape[-1], self.tree_cap)
         cand = Candidates(logp=widest.logp[..., :k].contiguous(), tokens=widest.tokens[..., :k].contiguous())
-        return build_tree_from_candidates(cand, roots, budget)
+        return build_tree_from_candidates(cand, roots, self.tree_budget)
 
     def learn(self, tree: DraftTree, accept_len: torch.Tensor) -> None:
         if self.policy.calibration is not None:
