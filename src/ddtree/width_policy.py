@@ -97,16 +97,26 @@ class CostCurve:
 def node_values(tree: DraftTree, scale: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [bs, N]: each non-root node's path probability (times its depth's calibration), 0 for the root and
     padding."""
-    p = torch.where(tree.depths > 0, tree.scores.float().exp(), torch.zeros_like(tree.scores, dtype=torch.float32))
+    return path_values(tree.scores, tree.depths, scale)
+
+
+def path_values(scores: torch.Tensor, depths: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """node_values from a tree's scores (log path probabilities) [bs, N] and depths [bs, N]."""
+    p = torch.where(depths > 0, scores.float().exp(), torch.zeros_like(scores, dtype=torch.float32))
     if scale is not None:
-        p = p * scale[tree.depths.clamp(min=0)]
+        p = p * scale[depths.clamp(min=0)]
     return p
 
 
 def tree_expectations(tree: DraftTree, budgets: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Expected accepted draft tokens [bs, len(budgets)] of the best tree of each budget, from a tree at least that
     wide: the sum of its `budget` largest node values (the best-first tree of budget B is the B best paths)."""
-    ranked = node_values(tree, scale).sort(dim=-1, descending=True).values                # [bs, N]
+    return budget_expectations(node_values(tree, scale), budgets)
+
+
+def budget_expectations(values: torch.Tensor, budgets: torch.Tensor) -> torch.Tensor:
+    """tree_expectations from the widest tree's node values [bs, N] (path_values)."""
+    ranked = values.sort(dim=-1, descending=True).values                                   # [bs, N]
     sums = torch.cumsum(ranked, dim=-1)                                                    # [bs, N]: first k+1 nodes
     index = (budgets - 1).clamp(min=0, max=sums.shape[-1] - 1)                             # [n]
     return torch.where(budgets > 0, sums[:, index], torch.zeros_like(sums[:, index]))
@@ -115,7 +125,12 @@ def tree_expectations(tree: DraftTree, budgets: torch.Tensor, scale: torch.Tenso
 def chain_expectation(cand: Candidates, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Expected accepted tokens [bs] of the draft's top-1 path (DFLASH's chain): sum over depth of the probability
     that every top-1 token up to it is right."""
-    reach = torch.cumsum(cand.logp[..., 0].float(), dim=-1).exp()                           # [bs, L]
+    return top1_expectation(cand.logp[..., 0], scale)
+
+
+def top1_expectation(top1_logp: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """chain_expectation from the draft's top-1 log-probabilities [bs, L]."""
+    reach = torch.cumsum(top1_logp.float(), dim=-1).exp()                                   # [bs, L]
     if scale is not None:
         reach = reach * scale[1: reach.shape[-1] + 1]
     return reach.sum(-1)
@@ -145,16 +160,30 @@ class Calibration:
     def update(self, tree: DraftTree, accept_len: torch.Tensor, live: torch.Tensor | None = None) -> None:
         """The verified tree [bs, N] and how many of its draft tokens each request accepted [bs]: each depth's
         predicted acceptance (the sum of its nodes' path probabilities) and the observed one (accept_len >= depth)."""
-        depths = torch.arange(self.depth + 1, device=tree.depths.device)                     # [L+1]
-        p = node_values(tree)                                                                 # [bs, N]
-        at_depth = tree.depths[:, :, None] == depths                                          # [bs, N, L+1]
+        self.update_from(tree.scores, tree.depths, accept_len, live)
+
+    def update_from(self, scores: torch.Tensor, depths: torch.Tensor, accept_len: torch.Tensor,
+                    live: torch.Tensor | None = None) -> None:
+        """update() from the verified tree's scores and depths [bs, N]; the sums change in place (their storage
+        stays: a CUDA graph of the policy reads and writes them, step_policy.PolicyGraphs)."""
+        levels = torch.arange(self.depth + 1, device=depths.device)                           # [L+1]
+        p = path_values(scores, depths)                                                       # [bs, N]
+        at_depth = depths[:, :, None] == levels                                               # [bs, N, L+1]
         pred = (p[:, :, None] * at_depth).sum(1)                                              # [bs, L+1]
-        obs = (accept_len[:, None] >= depths).float()                                         # [bs, L+1]
+        obs = (accept_len[:, None] >= levels).float()                                         # [bs, L+1]
         if live is not None:
             pred, obs = pred * live[:, None], obs * live[:, None]
-        self.predicted = self.predicted * self.decay + pred.sum(0)
-        self.observed = self.observed * self.decay + obs.sum(0)
-        self.steps = self.steps * self.decay + 1
+        self.predicted.mul_(self.decay).add_(pred.sum(0))
+        self.observed.mul_(self.decay).add_(obs.sum(0))
+        self.steps.mul_(self.decay).add_(1)
+
+    def state(self) -> tuple[torch.Tensor, ...]:
+        """Copies of the sums (PolicyGraphs puts them back after its warm-up runs)."""
+        return tuple(t.clone() for t in (self.predicted, self.observed, self.steps))
+
+    def restore(self, state: tuple[torch.Tensor, ...]) -> None:
+        for mine, saved in zip((self.predicted, self.observed, self.steps), state):
+            mine.copy_(saved)
 
     def scale(self) -> torch.Tensor:
         """float32 [L+1]: observed over predicted acceptance per depth, weighted toward 1 by `prior` pseudo-steps
@@ -163,7 +192,7 @@ class Calibration:
         ratio = torch.where(seen, self.observed / self.predicted.clamp(min=1e-6), torch.ones_like(self.predicted))
         weight = self.steps / (self.steps + self.prior)
         out = (1 + weight * (ratio - 1)).clamp(min=0.0, max=4.0)
-        out[0] = 1.0
+        out[:1].fill_(1.0)                  # a kernel argument, not a host copy (CUDA-graph capturable)
         return out
 
 
@@ -207,9 +236,15 @@ class WidthPolicy:
         scale: the calibration's, when the caller has it already (else computed here)."""
         if scale is None:
             scale = self.calibration_scale(tree.scores.device)
-        budgets, is_chain = self.option_tensors(tree.scores.device)                        # [n], [n]
-        per = tree_expectations(tree, budgets, scale)                                      # [bs, n]
-        chain = chain_expectation(cand, scale)                                             # [bs]
+        return self.expectations_from(tree.scores, tree.depths, cand.logp[..., 0], live, scale)
+
+    def expectations_from(self, scores: torch.Tensor, depths: torch.Tensor, top1_logp: torch.Tensor,
+                          live: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """expectations() from the widest tree's scores and depths [bs, N] and the draft's top-1 log-probabilities
+        [bs, L]."""
+        budgets, is_chain = self.option_tensors(scores.device)                             # [n], [n]
+        per = budget_expectations(path_values(scores, depths, scale), budgets)             # [bs, n]
+        chain = top1_expectation(top1_logp, scale)                                         # [bs]
         per = torch.where(is_chain, chain[:, None], per) + 1.0                             # [bs, n]
         if live is not None:
             per = per * live[:, None]

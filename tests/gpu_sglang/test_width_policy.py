@@ -29,7 +29,7 @@ pytestmark = pytest.mark.sglang_gpu
 AUTO = ["ddtree-auto-c8-graphs", "ddtree-auto-c8-graphs-overlap"]
 WIDTHS = [8, 9, 17, 33]                  # the chain (a block-8 draft) and auto's trees 8, 16, 32
 COST_LINE = re.compile(r"DDTREE step cost, ms of one replay \((start-up[^,]*), timed in ([\d.]+) s\)")
-ROW = re.compile(r"^\s*width (\d+)\s+(.*)$", re.MULTILINE)
+ROW = re.compile(r"^(?:\[[^\]]*\])?\s*width (\d+)\s+(bs\d+=.*)$", re.MULTILINE)   # after the log's [time] prefix
 STEPS = re.compile(r'^sglang:ddtree_policy_steps_total\{option="([a-z0-9]+)"\} ([\d.e+]+)$', re.MULTILINE)
 
 

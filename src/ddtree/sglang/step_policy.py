@@ -15,6 +15,11 @@ per millisecond of the step, for the running batch. Per step:
                         draft's calibration applied (width_policy.Calibration), copied into this step's pinned slot.
   learn(tree, accepted) device: the calibration's sums from the verified tree and the accepted lengths.
 
+On a GPU the two device parts run as CUDA graphs (PolicyGraphs: one per captured batch size, padded rows masked;
+learn's also per verified width), captured at start-up: eager they are ~40 small kernels a step, ~1 ms of host launch
+time at one request on the H200 (2026-12-06), which a host-bound step pays in full; a graph is one launch and three
+input copies.
+
 A step's cost is the measured table's (graph_timing: the draft's pass + the verify at the width, by batch) plus
 the host's share: the time between two decode steps the table does not explain (scheduling, the tree, the verdict;
 a decayed mean). Without the overlap scheduler they add (host + device); with it the device hides the host up to
@@ -27,8 +32,9 @@ Losslessness does not depend on any of this: every step verifies its tree exactl
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -79,6 +85,138 @@ class Slot:
 
 
 @dataclass
+class ObserveGraph:
+    """One padded batch size's expectations as a CUDA graph: its static inputs (rows past the batch masked by
+    `live`) and its output, float32 [n options (+ L + 1: the calibration's scale)]."""
+
+    scores: torch.Tensor            # float32 [bs, Nw]  the widest tree's log path probabilities
+    depths: torch.Tensor            # int64 [bs, Nw]
+    top1: torch.Tensor              # float32 [bs, L]   the draft's top-1 log-probabilities (the chain)
+    live: torch.Tensor              # float32 [bs]      1 for the running requests, 0 for padding
+    out: torch.Tensor               # float32 [n (+ L + 1)]
+    graph: torch.cuda.CUDAGraph | None = None
+    live_rows: int = -1             # the running requests `live` holds now (host: rewritten only when it changes)
+
+
+@dataclass
+class LearnGraph:
+    """One padded batch size and verified width's calibration update as a CUDA graph."""
+
+    scores: torch.Tensor            # float32 [bs, N]  the verified tree's
+    depths: torch.Tensor            # int64 [bs, N]
+    accept: torch.Tensor            # int64 [bs]       draft tokens each request accepted
+    live: torch.Tensor              # float32 [bs]
+    graph: torch.cuda.CUDAGraph | None = None
+    live_rows: int = -1
+
+
+def set_live(graph: ObserveGraph | LearnGraph, rows: int) -> None:
+    """The graph's live mask: the first `rows` of its padded batch (no copy when it holds them already)."""
+    if graph.live_rows != rows:
+        graph.live.zero_()
+        graph.live[:rows].fill_(1.0)
+        graph.live_rows = rows
+
+
+class PolicyGraphs:
+    """The width policy's device work (observe's expectations, learn's calibration update) captured as CUDA graphs
+    at start-up, one per batch size SGLang captured (a running batch is padded to the next; its padding rows are
+    masked), learn's also per verified width. A batch past the largest runs eagerly."""
+
+    def __init__(self, policy: WidthPolicy, batch_sizes: Iterable[int], tree_width: int, device):
+        self.policy = policy
+        self.sizes = sorted(set(batch_sizes))
+        self.device = torch.device(device)
+        self.pool = torch.cuda.graph_pool_handle()
+        depth = policy.calibration.depth if policy.calibration is not None else 0
+        n = len(policy.options) + (depth + 1 if policy.calibration is not None else 0)
+        saved = policy.calibration.state() if policy.calibration is not None else None
+        self.observe: dict[int, ObserveGraph] = {}
+        self.learn: dict[tuple[int, int], LearnGraph] = {}
+        for bs in self.sizes:
+            self.observe[bs] = self._observe_graph(bs, tree_width, depth, n)
+            if policy.calibration is not None:
+                for width in sorted({o.width for o in policy.options}):
+                    self.learn[(bs, width)] = self._learn_graph(bs, width)
+        if saved is not None:
+            policy.calibration.restore(saved)      # the warm-up runs updated it
+
+    def padded(self, bs: int) -> int | None:
+        i = bisect.bisect_left(self.sizes, bs)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """`run` once on a side stream (lazy initialisation: the option tensors, the sort's workspace), then
+        captured into a graph of the shared pool."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            run()
+        return graph
+
+    def _observe_graph(self, bs: int, width: int, depth: int, n: int) -> ObserveGraph:
+        g = ObserveGraph(scores=torch.zeros(bs, width, device=self.device),
+                         depths=torch.full((bs, width), -1, dtype=torch.long, device=self.device),
+                         top1=torch.zeros(bs, max(depth, 1), device=self.device),
+                         live=torch.zeros(bs, device=self.device), out=torch.zeros(n, device=self.device))
+        g.graph = self._capture(lambda: g.out.copy_(observed(self.policy, g.scores, g.depths, g.top1, g.live)))
+        return g
+
+    def _learn_graph(self, bs: int, width: int) -> LearnGraph:
+        g = LearnGraph(scores=torch.zeros(bs, width, device=self.device),
+                       depths=torch.full((bs, width), -1, dtype=torch.long, device=self.device),
+                       accept=torch.zeros(bs, dtype=torch.long, device=self.device),
+                       live=torch.zeros(bs, device=self.device))
+        g.graph = self._capture(lambda: self.policy.calibration.update_from(g.scores, g.depths, g.accept, g.live))
+        return g
+
+    def run_observe(self, tree: DraftTree, top1: torch.Tensor) -> torch.Tensor | None:
+        """observed() of the widest tree [bs, Nw] and the draft's top-1 log-probabilities [bs, L] by its graph: its
+        output tensor (overwritten by the next replay), or None where no graph holds the batch."""
+        bs = tree.batch_size
+        pad = self.padded(bs)
+        if pad is None:
+            return None
+        g = self.observe[pad]
+        g.scores[:bs].copy_(tree.scores)
+        g.depths[:bs].copy_(tree.depths)
+        g.top1[:bs].copy_(top1)
+        set_live(g, bs)
+        g.graph.replay()
+        return g.out
+
+    def run_learn(self, tree: DraftTree, accept_len: torch.Tensor) -> bool:
+        """The calibration update by its graph; False where no graph holds the batch or the width."""
+        bs = tree.batch_size
+        pad = self.padded(bs)
+        g = self.learn.get((pad, tree.width)) if pad is not None else None
+        if g is None:
+            return False
+        g.scores[:bs].copy_(tree.scores)
+        g.depths[:bs].copy_(tree.depths)
+        g.accept[:bs].copy_(accept_len)
+        set_live(g, bs)
+        g.graph.replay()
+        return True
+
+
+def observed(policy: WidthPolicy, scores: torch.Tensor, depths: torch.Tensor, top1: torch.Tensor,
+             live: torch.Tensor | None = None) -> torch.Tensor:
+    """A step's slot values, float32 [n options (+ L + 1)]: each option's expected accepted tokens + 1, the mean
+    over the live requests, then the calibration's scale by depth. scores, depths [bs, Nw] (the widest tree); top1
+    [bs, L]; live [bs] (None: every row)."""
+    scale = policy.calibration_scale(scores.device)                                        # [L + 1] or None
+    total = policy.expectations_from(scores, depths, top1, live, scale)                    # [n]
+    rows = live.sum().clamp(min=1.0) if live is not None else scores.shape[0]
+    mean = total / rows
+    return torch.cat([mean, scale]) if scale is not None else mean
+
+
+@dataclass
 class Choices:
     """How many steps ran each option (counted on the host, read by the metrics)."""
 
@@ -116,6 +254,8 @@ class StepPolicy:
         self.step = 0                                          # decode steps so far
         self.choices = Choices()
         self._last: tuple[float, float] | None = None          # (start, modelled device ms) of the previous step
+        self.graphs: PolicyGraphs | None = None                # capture(): observe and learn as CUDA graphs
+        self._costs: dict[int, list[float]] = {}              # the table's device ms by option, by running batch
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -136,7 +276,9 @@ class StepPolicy:
             self.host.update((now - start) * 1e3, device_ms)
         if self.step and self.share is not None and self.step % self.share_every == 0:
             self.host.ms = self.share(self.host.ms)
-        costs = [self.policy.curve.at(bs, o.width) for o in self.options]                  # device ms by option
+        costs = self._costs.get(bs)                                                        # device ms by option
+        if costs is None:
+            costs = self._costs[bs] = self.policy.costs(bs)
         if not self.latest:
             index = self.chain
         else:
@@ -165,11 +307,10 @@ class StepPolicy:
                 step_cap: int) -> None:
         """This step's expectations into its slot. widest: the head's candidates [bs, L, K(widest)]; roots [bs]."""
         tree = self.widest_tree(step_tree, widest, roots, step_budget, step_cap)
-        cand = Candidates(logp=widest.logp[..., :self.cand_cap], tokens=widest.tokens[..., :self.cand_cap])
-        scale = self.policy.calibration_scale(tree.scores.device)                          # [L + 1] or None
-        mean = self.policy.expectations(tree, cand, scale=scale) / tree.batch_size         # float32 [n options]
-        if scale is not None:
-            mean = torch.cat([mean, scale])                                                # [n + L + 1]
+        top1 = widest.logp[..., 0]                                                         # [bs, L]
+        mean = self.graphs.run_observe(tree, top1) if self.graphs is not None else None
+        if mean is None:
+            mean = observed(self.policy, tree.scores, tree.depths, top1)                   # [n (+ L + 1)]
         slot = self.slots[(self.step - 1) % len(self.slots)]                               # choose() counted it
         slot.values.copy_(mean, non_blocking=True)
         if slot.event is None and torch.device(self.device).type == "cuda":
@@ -188,8 +329,16 @@ class StepPolicy:
         return build_tree_from_candidates(cand, roots, self.tree_budget)
 
     def learn(self, tree: DraftTree, accept_len: torch.Tensor) -> None:
-        if self.policy.calibration is not None:
+        """The calibration's sums from the verified tree [bs, N] and the draft tokens each request accepted [bs]."""
+        if self.policy.calibration is None:
+            return
+        if self.graphs is None or not self.graphs.run_learn(tree, accept_len):
             self.policy.calibration.update(tree, accept_len)
+
+    def capture(self, batch_sizes: Iterable[int]) -> PolicyGraphs:
+        """observe's and learn's CUDA graphs for these batch sizes (start-up; a GPU only)."""
+        self.graphs = PolicyGraphs(self.policy, batch_sizes, self.tree_budget + 1, self.device)
+        return self.graphs
 
 
 def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | None, curve: CostCurve, depth: int,

@@ -178,7 +178,8 @@ class DDTreeWorker(DFlashWorkerV2):
             verdict = decide(parts.verdict_setup, batch, tree, target_out.logits_output, plan.prefix_lens,
                              grammar.mask if grammar is not None else None)
         if parts.policy is not None:
-            parts.policy.learn(tree, verdict.accept_len)
+            with prof.stage("learn"):
+                parts.policy.learn(tree, verdict.accept_len)
         with prof.stage("commit"):
             result = commit(self, batch, verdict, plan, window, target_out, on_publish)
         prof.end()

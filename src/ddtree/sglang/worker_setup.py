@@ -15,6 +15,7 @@ function per job; `worker` is the DDTreeWorker after its parent DFlashWorkerV2's
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from sglang.srt.lora.layers import unwrap_lora_layer
@@ -157,7 +158,17 @@ def step_policy(worker, schedule: WidthSchedule, table: CostTable) -> StepPolicy
                              share=host_share_across_ranks())
     logger.info("DDTREE width policy: %s, lag %d step(s)%s", ", ".join(o.name for o in policy.options), policy.lag,
                 " (overlap scheduler)" if overlapped else "")
+    if torch.device(worker.device).type == "cuda":
+        capture_policy_graphs(policy, get_exec().graph.cuda_graph_config.decode.bs or [max_running()])
     return policy
+
+
+def capture_policy_graphs(policy: StepPolicy, batch_sizes) -> None:
+    """The policy's per-step device work as CUDA graphs (step_policy.PolicyGraphs), timed in the log."""
+    start = time.perf_counter()
+    graphs = policy.capture(batch_sizes)
+    logger.info("DDTREE width policy graphs: observe at bs %s, learn at %d (bs, width), captured in %.1f s",
+                graphs.sizes, len(graphs.learn), time.perf_counter() - start)
 
 
 def rehearse_sampling(model_runner, verify_tokens: int, device) -> SamplingPrewarmResult:
