@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,6 +24,7 @@ def draft_session(tmp: Path, **env: str) -> subprocess.CompletedProcess:
              "TRAIN_ARGS": "--batch 4 --seq 64 --distill-windows 8 --accept-prompts 2 --accept-tokens 6", **env})
 
 
+@pytest.mark.extended      # ~3 min in make test's CPU lane; its stages have siblings there (put_draft, speed_sweep train)
 def test_a_fresh_pair_then_three_drafts_on_its_target(tmp_path):
     (tmp_path / "out").mkdir()
     r = draft_session(tmp_path)

@@ -48,7 +48,7 @@ def carried(tmp_path_factory) -> tuple[Path, Path]:
     return tmp / "d1", tmp / "d2"
 
 
-@pytest.mark.parametrize("block", ["8", "16"])
+@pytest.mark.parametrize("block", ["8", pytest.param("16", marks=pytest.mark.extended)])   # 16: make test-cpu-extended
 def test_a_draft_brought_back_alone_goes_over_its_target(tmp_path, carried, block):
     d1, d2 = carried
     joined_parts(carried, tmp_path / "all")

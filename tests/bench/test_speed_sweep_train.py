@@ -64,6 +64,7 @@ def test_pack_draft_brings_back_only_the_draft_and_its_report(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.extended      # make test-cpu-extended; make test keeps the block-8 trainings on a kept target
 def test_block_16_trains_a_new_draft_on_the_kept_target(tmp_path):
     """BLOCK=16 on a block-8 pair: a block-16 draft (a draft of another block cannot be trained on) on the same
     target, in pair/b16; a block size the sweep does not know is refused."""

@@ -764,7 +764,7 @@ UNIT_FLAGS = {"--model-path": "k26_model_path", "--served-model-name": "k26_serv
 UNIT_FIXED = {("--trust-remote-code",), ("--enable-metrics",), ("--disable-overlap-schedule",),
               ("--cuda-graph-backend-decode", "disabled")}
 UNIT_DIRECTIVES = {"User": "k26_user", "Group": "k26_group", "WorkingDirectory": "k26_state_dir"}
-ENV_TEMPLATE_NAMES = {"HOME", "PATH", "SGLANG_CACHE_DIR", "HF_HOME", "TRITON_CACHE_DIR", "K26_API_KEY"}
+ENV_TEMPLATE_NAMES = {"HOME", "PATH", "SGLANG_CACHE_DIR", "HF_HOME", "TRITON_CACHE_DIR", "K26_API_KEY", "K26_URL"}
 
 
 def _unit_words(text: str) -> list[str]:
