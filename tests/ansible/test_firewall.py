@@ -40,6 +40,15 @@ def test_the_peers_are_the_host_the_gateways_the_monitors_and_the_allowed_networ
     assert named["invalid"] == ["gpu-1: gpu-1.example", "k26_firewall_allow: clients"]
 
 
+def test_documentation_networks_are_found_and_real_ones_are_not():
+    """Preflight refuses these in k26_firewall_allow (the example's placeholder left in a site inventory)."""
+    given = ["192.0.2.0/24", "192.0.2.10", "198.51.100.0/25", "203.0.113.7/32", "2001:db8::/48", "10.20.0.0/16",
+             "192.0.0.0/16", "fd00::/8", "clients", " 203.0.113.0/24 "]
+    assert k26_inputs.k26_documentation_networks(given) == [
+        "192.0.2.0/24", "192.0.2.10", "198.51.100.0/25", "203.0.113.7/32", "2001:db8::/48", "203.0.113.0/24"]
+    assert k26_inputs.k26_documentation_networks([]) == [] == k26_inputs.k26_documentation_networks(None)
+
+
 def test_the_production_example_renders_its_rules(tmp_path, vault_pass):
     files = render("production", tmp_path, vault_pass)
     rules = files["k26-gpu-01.nft"]

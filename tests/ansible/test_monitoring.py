@@ -158,7 +158,7 @@ def test_production_targets_come_from_the_worker_urls_and_the_host_addresses(tmp
     # every threshold the rules read, on every host (no sweep yet: the tokens/s floor is 0, which the rules report
     # as K26AlertThresholdMissing); the collector's age bound from its interval
     assert server["thresholds"] == {
-        "accept_length_floor": 1.5, "tokens_per_s_per_request_floor": 0.0, "queue_depth_max": 32,
+        "accept_length_floor": 1.5, "accept_length_drop_share": 0.7, "tokens_per_s_per_request_floor": 0.0, "queue_depth_max": 32,
         "queue_wait_seconds_max": 30.0, "ttft_p95_seconds_max": 10.0, "itl_p95_seconds_max": 0.25,
         "error_ratio_budget": 0.005, "abort_ratio_max": 0.05, "kv_usage_max": 0.95, "hang_seconds_max": 300.0, "load_seconds_max": 3600.0, "gpu_temperature_max": 85.0,
         "disk_used_ratio_max": 0.9, "collector_max_age_seconds": 120, "clock_skew_seconds_max": 0.5}

@@ -25,7 +25,15 @@ def readme_commands() -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def run_block(tmp: Path, site: str) -> list[subprocess.CompletedProcess]:
+def edit_clients_network(site: str) -> None:
+    """The operator's edit the block's comment asks for: the clients' network instead of the example's placeholder."""
+    network = ROOT / site / "group_vars/k26/network.yml"
+    text = network.read_text()
+    assert "k26_firewall_allow: [192.0.2.0/24]" in text
+    network.write_text(text.replace("k26_firewall_allow: [192.0.2.0/24]", "k26_firewall_allow: [10.20.0.0/16]"))
+
+
+def run_block(tmp: Path, site: str, edit: bool = True) -> list[subprocess.CompletedProcess]:
     keys = {"vault_k26_api_key": secrets.token_hex(24), "vault_k26_gateway_admin_key": secrets.token_hex(24)}
     editor = tmp / "editor.sh"                 # what the operator types into ansible-vault's editor
     editor.write_text("#!/bin/sh\ncat > \"$1\" <<'EOF'\n---\n" + "".join(f"{k}: {v}\n" for k, v in keys.items()) + "EOF\n")
@@ -40,6 +48,8 @@ def run_block(tmp: Path, site: str) -> list[subprocess.CompletedProcess]:
         if "deploy.yml" in line:
             continue                                           # the real host only
         argv = [a for a in shlex.split(line.replace("inventory/site", site)) if a != "--ask-vault-pass"]
+        if edit and "check_inputs.yml" in line:
+            edit_clients_network(site)
         # ansible-vault opens the editor only on a terminal: util-linux's `script` gives it one
         wrapped = ["script", "-qec", shlex.join(argv), "/dev/null"] if argv[0] == "ansible-vault" else argv
         done.append(subprocess.run(wrapped, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600))
@@ -59,6 +69,21 @@ def test_the_readmes_site_inventory_block_works_as_written(tmp_path):
         vault = (ROOT / site / "group_vars/all/vault.yml").read_text()
         assert vault.startswith("$ANSIBLE_VAULT;") and "demo" not in vault
         assert "failed=0" in done[-1].stdout and "unreachable=0" in done[-1].stdout
+        # the example has no monitor host: every check and deploy says that nothing pages anyone
+        assert "WARNING: the inventory has no k26_monitor host" in re.sub(r"\s+", " ", done[-1].stdout)
+    finally:
+        shutil.rmtree(ROOT / site, ignore_errors=True)
+
+
+def test_the_examples_placeholder_network_is_refused_until_the_site_lists_its_clients(tmp_path):
+    site = f"inventory/.site-net-{os.getpid()}"
+    try:
+        done = run_block(tmp_path, site, edit=False)
+        check = done[-1]
+        assert check.args[1:3] == ["-i", site] and check.returncode != 0
+        out = re.sub(r"\s+", " ", check.stdout)
+        assert "k26_firewall_allow holds 192.0.2.0/24: a documentation network" in out, out[-3000:]
+        assert "inventory/site/group_vars/k26/network.yml" in out
     finally:
         shutil.rmtree(ROOT / site, ignore_errors=True)
 
