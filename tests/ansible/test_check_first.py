@@ -258,6 +258,9 @@ def test_every_variable_of_every_roles_argument_specs_has_a_rule():
     ({"k26_models": [{"name": "t", "source": "ftp://x/y", "dest": "/srv/m", "digests": "/nonexistent"}]},
      "source ftp://x/y: expected https://HOST[:PORT][/PATH]"),
     ({"k26_gateway_host": "gpu-a"}, "k26_gateway_host=gpu-a is invalid: it is derived from the inventory's k26_gateway group"),
+    ({"k26_models": [{"name": "target", "source": "https://hub.test/m/resolve/0123", "dest": "/srv/models/m/",
+                      "digests": str(ROOT / "README.md")}], "k26_draft_model_path": "/srv/models/d"},
+     "k26_models has no entry whose dest is the folder of k26_draft_model_path (/srv/models/d)"),
 ])
 def test_each_new_rule_refuses_a_bad_value_before_any_connection(tmp_path, extra, said):
     inv = unreachable_fleet(tmp_path)
@@ -373,3 +376,14 @@ def test_a_role_vars_name_given_with_e_is_refused_even_the_checks_own(tmp_path, 
              "-e", json.dumps(extra)], tmp_path)
     out = re.sub(r"\s+", " ", r.stdout + r.stderr)
     assert r.returncode != 0 and "UNREACHABLE" not in out and said in out, out[-3000:]
+
+
+@pytest.mark.parametrize("dests", [("/srv/models/m", "/srv/models/d"), ("/srv/staged/elsewhere",)])
+def test_models_staged_together_or_elsewhere_pass(tmp_path, dests):
+    """The target and the draft both staged, or a model staged to a folder the server does not load (the sandbox's
+    staging test): no refusal. One of the two alone is refused (test_each_new_rule_refuses_a_bad_value_...)."""
+    models = [{"name": f"m{i}", "source": "https://hub.test/m/resolve/0123", "dest": d, "digests": str(ROOT / "README.md")}
+              for i, d in enumerate(dests)]
+    r, out = check_good_fleet(tmp_path, extra=["-e", json.dumps({"k26_models": models,
+                                                                  "k26_draft_model_path": "/srv/models/d"})])
+    assert "k26_models has no entry" not in out and r.returncode == 0, out[-3000:]
