@@ -28,7 +28,7 @@ NFTABLES_DEB := 1.0.6-2+deb12u2
 NFT := $(CACHE)/nftables-$(NFTABLES_DEB)/nft
 ANSIBLE_ENV := PATH=$(VENV)/bin:$$PATH ANSIBLE_HOME=$(CACHE)/ansible-home ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible-tmp
 
-.PHONY: test-cpu-extended sglang-flags promtool lock check-locks crash-test fuzz-engine help venv sglang-venv gateway-venv test test-sandbox-lane test-sandbox-extended test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
+.PHONY: venv-path test-cpu-extended sglang-flags promtool lock check-locks crash-test fuzz-engine help venv sglang-venv gateway-venv test test-sandbox-lane test-sandbox-extended test-cpu-lane test-unit test-fast test-sglang clean-venv sandbox sandbox-down deploy lint
 
 help:
 	@echo "make deploy      tool venv + sandbox host + ansible-playbook deploy.yml (prints the smoke result)"
@@ -38,6 +38,7 @@ help:
 	@echo "make test-unit   algorithm unit tests only"
 	@echo "make fuzz-engine random cases of DDTREE = plain greedy on the reference engine (FUZZ_CASES=200 FUZZ_START=0)"
 	@echo "make venv        create/refresh the pinned CPU test venv in $(CACHE)"
+	@echo "make venv-path   print its folder: . \"\$$(make -s venv-path)/bin/activate\" gives a shell the site's tools"
 	@echo "make lock        regenerate requirements/*.lock (every package with hashes) from the pins in requirements/*.txt"
 
 # keyed by the hash of the pins in the path (not by file times: a fresh clone must reuse it)
@@ -53,6 +54,11 @@ $(VENV)/.ready:
 # in editable mode from *this* checkout on every run (a few seconds, no downloads).
 venv: $(VENV)/.ready
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" || true
+
+# the tool venv's folder, for an operator's shell: . "$$(make -s venv-path)/bin/activate" (ansible-playbook,
+# ansible-vault and tools/pin_model.py's huggingface_hub come from it)
+venv-path:
+	@echo $(VENV)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

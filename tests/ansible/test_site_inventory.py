@@ -47,6 +47,17 @@ def run_block(tmp: Path, site: str, edit: bool = True) -> list[subprocess.Comple
     for line in readme_commands():
         if "deploy.yml" in line:
             continue                                           # the real host only
+        if line == "make venv":              # the venv this test runs in: a dry run (a real one re-points the shared venv)
+            done.append(subprocess.run(["make", "-n", "venv"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                       timeout=120))
+            done[-1].args = ["make", "-n", "venv"]
+            continue
+        if line.startswith(". "):                              # the venv for the shell: it must be this very venv
+            done.append(subprocess.run(["bash", "-c", f"{line} && command -v ansible-playbook ansible-vault"], cwd=ROOT,
+                                       env=env, capture_output=True, text=True, timeout=120))
+            done[-1].args = [".", line]
+            assert done[-1].stdout.split() == [str(BIN / "ansible-playbook"), str(BIN / "ansible-vault")], done[-1]
+            continue
         argv = [a for a in shlex.split(line.replace("inventory/site", site)) if a != "--ask-vault-pass"]
         if edit and "check_inputs.yml" in line:
             edit_clients_network(site)
@@ -65,7 +76,7 @@ def test_the_readmes_site_inventory_block_works_as_written(tmp_path):
         done = run_block(tmp_path, site)
         for r in done:
             assert r.returncode == 0, (r.args, r.stdout[-3000:], r.stderr[-3000:])
-        assert [r.args[0] for r in done] == ["cp", "rm", "ansible-vault", "ansible-playbook"]
+        assert [r.args[0] for r in done] == ["make", ".", "cp", "rm", "ansible-vault", "ansible-playbook"]
         vault = (ROOT / site / "group_vars/all/vault.yml").read_text()
         assert vault.startswith("$ANSIBLE_VAULT;") and "demo" not in vault
         assert "failed=0" in done[-1].stdout and "unreachable=0" in done[-1].stdout
