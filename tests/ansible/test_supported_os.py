@@ -62,3 +62,18 @@ def test_the_production_lock_is_for_debian_12s_python():
 def test_the_readme_names_the_supported_os():
     readme = (ROOT / "README.md").read_text()
     assert "### Supported OS" in readme and k26_inputs.SUPPORTED_OS["name"] in readme
+
+
+def test_every_play_of_a_gateway_monitor_or_grafana_host_checks_its_os_first():
+    """Issue 71: the server hosts' preflight read /etc/os-release, the gateway and monitor hosts never did. Each play
+    of deploy.yml that runs on them begins with preflight's os entry point (a monitor or Grafana host that is also a
+    server or gateway host was checked in that play)."""
+    plays = [p for p in yaml.safe_load((ROOT / "playbooks/deploy.yml").read_text()) if "hosts" in p]
+    for play in plays:
+        hosts = str(play["hosts"])
+        if not any(group in hosts for group in ("k26_gateway", "k26_monitor", "k26_grafana")) or "Verify" in play["name"]:
+            continue
+        first = play["tasks"][0]
+        assert first["ansible.builtin.include_role"] == {"name": "preflight", "tasks_from": "os"}, play["name"]
+    checked = [p["name"] for p in plays if p["tasks"][0].get("ansible.builtin.include_role", {}).get("tasks_from") == "os"]
+    assert checked == ["Take the fleet lock and deploy the gateway", "Monitor the fleet"]
