@@ -153,8 +153,17 @@ def explain_difference(production: Rendered, test: Rendered, bed: dict) -> list[
         problems.append(f"env variables differ: only in the example {sorted(set(pe) - set(te))}, "
                         f"only in the test bed {sorted(set(te) - set(pe))}")
     allowed = [str(v["value"]) for v in variables.values()]
+    # a value built from listed flags' values (K26_URL from --host and --port) follows their substitution
+    flag_subs = [(vp, vt) for (flag, vp), (_, vt) in zip(p_pairs, t_pairs) if vp != vt and vp and vt and flag in listed]
+
+    def substituted(text: str) -> str:
+        for old, new in flag_subs:
+            text = text.replace(old, new)
+        return text
+
     for key in sorted(set(pe) & set(te)):
-        if pe[key] != te[key] and not any(te[key] == a or te[key].startswith(a + "/") for a in allowed):
+        if pe[key] != te[key] and substituted(pe[key]) != te[key] \
+                and not any(te[key] == a or te[key].startswith(a + "/") for a in allowed):
             problems.append(f"env {key}={te[key]!r} differs from the example's {pe[key]!r} by no listed substitution")
     return problems
 
