@@ -305,6 +305,50 @@ def test_a_stopped_server_and_a_worker_out_of_the_pool_reach_the_receiver_in_tim
     wait_for(lambda: value('count(smg_worker_health == 1)') == 2, 120, "both workers ready again")
 
 
+def load_until(stop: threading.Event, url: str) -> list[str]:
+    """Completions posted one after another until `stop` (each outcome kept: a frozen server times them out)."""
+    seen: list[str] = []
+
+    def post():
+        while not stop.is_set():
+            try:
+                r = httpx.post(url + "/v1/completions", headers={"Authorization": "Bearer sandbox-demo-key"},
+                               json={"model": "k26-sandbox-tiny", "prompt": "hang", "max_tokens": 16}, timeout=10)
+                seen.append(str(r.status_code))
+            except httpx.HTTPError as err:
+                seen.append(type(err).__name__)
+    threading.Thread(target=post, daemon=True).start()
+    return seen
+
+
+@pytest.mark.extended
+def test_a_server_frozen_with_sigstop_under_load_pages_through_alertmanager(monitored):
+    """Issue 71: a server that came up and then froze (SIGSTOP: every thread stopped, /metrics with them, as a hang
+    that takes the HTTP side down) pages through Alertmanager to this test's receiver within the rule's `for`, although
+    it started inside its load window (the fleet deploy restarted it minutes ago): it answered since that start, so
+    it is not loading. SIGCONT: resolved."""
+    pid = guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip()
+    assert pid.isdigit() and pid != "0", pid
+    started = float(value('node_systemd_unit_start_time_seconds{host="sandbox2", name="k26-ddtree.service"}') or 0)
+    assert started > 0 and time.time() - started < 3600, "the server started inside its load window (the premise)"
+    stop = threading.Event()
+    seen = load_until(stop, "http://127.0.0.1:30001")
+    wait_for(lambda: "200" in seen, 60, "a completion under load before the freeze")
+    t0 = time.monotonic()
+    guest(f"kill -STOP {pid}", host="k26-sandbox-2")
+    try:
+        bound = SERVER_DOWN_FOR + SCRAPE + 2 * EVALUATION + GROUP_WAIT + 15
+        page = monitored.wait("K26ServerDown", "firing", bound + 10, after=t0, host="sandbox2")
+        assert SERVER_DOWN_FOR <= page["received"] - t0 <= bound, page["received"] - t0
+        assert page["labels"]["severity"] == "page"
+        assert page["annotations"]["runbook_url"] == "docs/runbook.md#k26serverdown"
+        assert seen[-1] != "200"                               # the load stalled with it
+    finally:
+        guest(f"kill -CONT {pid}", host="k26-sandbox-2")
+        stop.set()
+    monitored.wait("K26ServerDown", "resolved", 120, after=t0, host="sandbox2")
+
+
 def test_the_fleet_status_command_shows_each_host_from_prometheus(monitored):
     """k26-fleet-status on the monitor host, as the role installed it, against its Prometheus."""
     rows = {r["host"]: r for r in json.loads(guest("k26-fleet-status --json", host="k26-gateway").stdout)}
