@@ -46,3 +46,32 @@ def test_every_production_value_the_table_shows_is_the_examples():
                 wrong.append(f"{name}: README {written!r}, inventory/production {shown(value)!r}")
     assert not wrong, wrong
     assert {"k26_ddtree_budget", "k26_host", "k26_cuda_graph_max_bs", "k26_port"} <= set(checked)
+
+
+def test_every_variable_the_table_names_is_an_option_of_a_roles_argument_specs():
+    """Checked against the argument specs (issue 71, item 5): a renamed or misspelt variable cannot stay in the table."""
+    options = {name for spec in ROOT.glob("roles/*/meta/argument_specs.yml")
+               for entry in yaml.safe_load(spec.read_text())["argument_specs"].values()
+               for name in (entry.get("options") or {})}
+    named = [n for cells in table_rows() for n in re.findall(r"`(k26_[a-z0-9_]+)`", cells[0])]
+    assert len(named) >= 20
+    assert sorted(set(named) - options) == []
+
+
+def test_the_sandbox_column_is_the_sandbox_inventorys():
+    sandbox: dict = {}
+    for f in sorted((ROOT / "inventory/sandbox/group_vars/k26").glob("*.yml")):
+        sandbox.update(yaml.safe_load(f.read_text()) or {})
+    checked, wrong = [], []
+    for cells in table_rows():
+        names = re.findall(r"`(k26_[a-z0-9_]+)`", cells[0])
+        if len(names) != 1 or names[0] not in sandbox:
+            continue
+        value = sandbox[names[0]]
+        if isinstance(value, (dict, list)) or "{{" in shown(value) or value == "":
+            continue
+        checked.append(names[0])
+        if cells[2].split("` ")[0].strip("`") != shown(value):
+            wrong.append(f"{names[0]}: README {cells[2]!r}, inventory/sandbox {shown(value)!r}")
+    assert not wrong, wrong
+    assert len(checked) >= 3, checked
