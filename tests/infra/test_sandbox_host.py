@@ -114,6 +114,33 @@ def waited_seconds(text: str) -> float:
     return float(found.group(1))
 
 
+SILENT = "/srv/models/silent"
+
+
+@pytest.mark.extended
+def test_a_load_that_makes_no_progress_is_named_and_rolled_back_long_before_the_health_timeout(host, tmp_path):
+    """Issue 71 item 1: weights that never arrive (a FIFO where the weights file should be: the load blocks without a
+    word, as on a hung network mount or an NCCL init) end the health wait after k26_health_stall_timeout (60 s) of no
+    new journal line - not after the hour of k26_health_timeout - with a message that names the stall; the rollback
+    restores the healthy unit."""
+    guest(f"rm -rf {SILENT} && mkdir -p {SILENT} && cp -r /srv/models/tiny-seed0/target {SILENT}/ && "
+          f"rm {SILENT}/target/model.safetensors && mkfifo -m 0644 {SILENT}/target/model.safetensors && "
+          f"chmod -R a+rX {SILENT}")
+    try:
+        play = deploy("-e", f"k26_model_path={SILENT}/target", "-e", "k26_health_timeout=3600",
+                      "-e", "k26_health_stall_timeout=60", tmp=tmp_path)
+        text = re.sub(r"\s+", " ", play.out)
+        assert play.rc != 0
+        assert 60 <= waited_seconds(text) < 300
+        assert "the load made no progress for" in text and "(k26_health_stall_timeout 60 s)" in text, text[-3000:]
+        assert "rolled back the unit and the env files" in text and "healthy again" in text, text[-3000:]
+        unit = host.file("/etc/systemd/system/k26-ddtree.service").content_string
+        assert "/srv/models/tiny-seed0/target" in unit and SILENT not in unit
+        assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health") == "200"
+    finally:
+        guest(f"rm -rf {SILENT}")
+
+
 def test_a_config_that_cannot_start_is_reported_at_once_and_rolled_back(host, tmp_path):
     """Issue 47 item 3: with the full hour of k26_health_timeout, a server that cannot start is reported as soon as
     systemd restarts it (well under 2 minutes), the message names the cause and carries the journal; then the
