@@ -154,6 +154,7 @@ MALFORMED = [
     ("k26_textfile_dir", "/var/lib", "is a system folder"),
     ("k26_monitoring_packages", ["prometheus"], "name=version"),
     ("k26_alert_accept_length_floor", "high", "expected a number 0..1024"),
+    ("k26_service_env", {"NCCL_P2P_DISABLE": True}, "a boolean (True) is written as True in the env file"),
     ("k26_alert_accept_length_drop_share", 1, "at 1 or above every dip would fire"),
     ("k26_alert_accept_length_drop_share", 0, "expected a number 0.05..0.99"),
     ("k26_metrics_interval", 1, "expected an integer 5..3600"),

@@ -433,6 +433,9 @@ def _env(value, rule: Mapping) -> str | None:
             return why
         if isinstance(item, (Mapping, list)) or item is None:
             return f"{name}: expected a string or a number, got {type(item).__name__}"
+        if isinstance(item, bool):      # YAML's yes/on/true: the env file would say True, which NCCL reads as 0
+            return (f"{name}: a boolean ({item}) is written as {item} in the env file, which the libraries read as "
+                    f"neither 1 nor 0 (NCCL takes it for 0): write the string the library expects, e.g. \"1\" or \"0\"")
         if not ENV_VALUE.fullmatch(str(item)) or len(str(item)) > 1024:
             return f"{name}: its value (not shown) holds other than letters, digits, spaces and ._:/,=@+- (no quotes, $, newlines)"
         if name in ENV_OWN_VALUES and str(item) != ENV_OWN_VALUES[name]:
