@@ -40,7 +40,7 @@ def unreachable_fleet(tmp: Path) -> Path:
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {
         "vars": {"ansible_host": "127.0.0.1", "ansible_port": 9, "ansible_connection": "ssh"},
         "children": {"k26": {"hosts": {"gpu-a": {"k26_gateway_worker_url": "http://127.0.0.1:30000"},
-                                       "gpu-b": {"k26_gateway_worker_url": "http://127.0.0.1:30001",
+                                       "gpu-b": {"k26_gateway_worker_url": "http://127.0.0.1:30001", "k26_port": 30001,
                                                  "k26_state_dir": "/var/lib"}}},
                      "k26_gateway": {"hosts": {"gw": {"k26_gateway_admin_key": "an-admin-key-of-24-chars",
                                                       "k26_gateway_port": 99999}}}}}}))

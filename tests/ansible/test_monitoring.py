@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
 import yaml
 
@@ -249,3 +250,13 @@ def test_the_service_info_comes_from_the_rendered_units(tmp_path, vault_pass):
     assert collector.service_lines(none, "r1") == [
         'k26_service_info{release="r1",algorithm="NONE",budget="",topk_cap="",cuda_graph="false"} 1']
     assert collector.service_lines(None, "r1") == [] and collector.service_lines("[Unit]\n", "r1") == []
+
+
+@pytest.mark.parametrize(("listen", "address"), [("::", "[::]:9100"), ("fd00::5", "[fd00::5]:9100"),
+                                                   ("10.0.0.11", "10.0.0.11:9100"), ("0.0.0.0", "0.0.0.0:9100")])
+def test_the_node_exporters_listen_address_brackets_an_ipv6_one(listen, address):
+    """Issue 72: `k26_node_exporter_listen: '::'` rendered `--web.listen-address=:::9100`."""
+    line = next(ln for ln in (ROOT / "templates/etc/systemd/system/k26-node-exporter.service.j2").read_text().splitlines()
+                if "--web.listen-address=" in ln)
+    rendered = jinja2.Template(line).render(k26_node_exporter_listen=listen, k26_node_exporter_port=9100)
+    assert f"--web.listen-address={address} " in rendered + " "

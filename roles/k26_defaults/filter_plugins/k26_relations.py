@@ -1,0 +1,119 @@
+"""Rules between a server host's settings that each pass alone (issue 72, item 4): every message names both
+variables, what their values do together and the fix. `{{ facts | k26_relation_errors }}` -> a list of messages, where
+`facts` maps the names below to the host's values (preflight's relations.yml builds it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+ANY = {"0.0.0.0", "::", ""}
+UNSEEN = ("/home/", "/root/", "/tmp/", "/run/user/", "/var/tmp/")   # ProtectHome=yes, PrivateTmp=yes in the unit
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def verify_reaches_server(f: Mapping) -> str | None:
+    host, verify = str(f["k26_host"]), str(f["k26_verify_host"])
+    if host not in ANY and not is_loopback(host) and is_loopback(verify):
+        return (f"k26_verify_host={verify} cannot reach a server bound to k26_host={host}: the deploy's health wait "
+                f"would wait out k26_health_timeout and fail. Set k26_verify_host to {host} (k26_host)")
+    return None
+
+
+def gateway_reaches_server(f: Mapping) -> str | None:
+    host, gateway = str(f["k26_host"]), str(f.get("k26_gateway_host") or "")
+    # the sandbox's hosts share this machine's network: loopback reaches across them there, nowhere else
+    if f.get("k26_gateway_pool") and not f.get("k26_sandbox") and gateway and gateway != f["inventory_hostname"] \
+            and is_loopback(host):
+        return (f"k26_host={host} binds the server to loopback, but the gateway on {gateway} (k26_gateway_host) routes "
+                f"to it from another host: every routed request would fail. Bind k26_host to this host's address "
+                f"({f.get('ansible_host') or f['inventory_hostname']})")
+    return None
+
+
+def worker_url_port(f: Mapping) -> str | None:
+    url = str(f.get("k26_gateway_worker_url") or "")
+    if not f.get("k26_gateway_pool") or not url:
+        return None
+    try:
+        port = urlsplit(url).port
+    except ValueError:
+        return None                                      # the URL's own rule names it
+    if port is not None and port != int(f["k26_port"]):
+        return (f"k26_gateway_worker_url={url} names port {port} but k26_port={f['k26_port']}: the gateway would route "
+                f"to a port nothing serves. Use http://HOST:{f['k26_port']}")
+    return None
+
+
+def tp_fits_gpus(f: Mapping) -> str | None:
+    if f.get("k26_server_kind") != "sglang" or not f.get("k26_gpu_required"):
+        return None
+    tp, gpus = int(f["k26_tp_size"]), int(f["k26_gpu_count"])
+    if tp > gpus:
+        return (f"k26_tp_size={tp} needs {tp} GPUs on this host but k26_gpu_count={gpus}: the server would wait for "
+                f"ranks that never start. Use k26_tp_size {gpus} or fewer")
+    return None
+
+
+def firewall_not_open(f: Mapping) -> str | None:
+    if not f.get("k26_firewall"):
+        return None
+    wide = []
+    for value in f.get("k26_firewall_allow") or []:
+        try:
+            if ipaddress.ip_network(str(value).strip(), strict=False).prefixlen == 0:
+                wide.append(str(value).strip())
+        except ValueError:
+            continue
+    if wide:
+        return (f"k26_firewall_allow holds {', '.join(wide)} (every address) while k26_firewall is true: the firewall "
+                f"then lets every client in. Set k26_firewall: false to say so, or list the clients' networks")
+    return None
+
+
+def models_visible(f: Mapping) -> str | None:
+    for name in ("k26_model_path", "k26_draft_model_path"):
+        path = str(f.get(name) or "")
+        if path and (path + "/").startswith(UNSEEN):
+            return (f"{name}={path} is in a folder the unit cannot see (ProtectHome=yes and PrivateTmp=yes in "
+                    f"k26-ddtree.service hide /home, /root, /run/user and the temporary folders): the server would not "
+                    f"find the weights. Stage them under /srv/models (k26_models, playbooks/stage_models.yml)")
+    return None
+
+
+def api_key_not_guessable(f: Mapping) -> str | None:
+    key = str(f.get("k26_api_key") or "")
+    if not key:
+        return None
+    distinct = len(set(key))
+    repeated = re.fullmatch(r"(.{1,4})\1+", key) is not None
+    if distinct < 8 or repeated:
+        return (f"k26_api_key (not shown) has {distinct} distinct characters{' in a repeated pattern' if repeated else ''}"
+                f": a guessable key for the API every client shares. Generate one with `openssl rand -hex 24` and put "
+                f"it in the vault (vault_k26_api_key)")
+    return None
+
+
+RULES = (verify_reaches_server, gateway_reaches_server, worker_url_port, tp_fits_gpus, firewall_not_open,
+         models_visible, api_key_not_guessable)
+
+
+def k26_relation_errors(facts: Mapping) -> list[str]:
+    return [why for rule in RULES if (why := rule(facts))]
+
+
+class FilterModule:
+    def filters(self):
+        return {"k26_relation_errors": k26_relation_errors}
