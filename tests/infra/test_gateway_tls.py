@@ -49,6 +49,7 @@ def plain_again(fleet_deployed, tmp_path):
         assert play.rc == 0, play.out[-3000:]
 
 
+@pytest.mark.extended     # make test's time: smg over TLS and the pair rules are tests/serve/test_gateway.py's (CPU)
 def test_the_gateway_serves_tls_refuses_a_mismatched_pair_and_goes_back_to_plain_http(fleet_deployed, tmp_path,
                                                                                        plain_again):
     cert, key = self_signed(tmp_path / "a")

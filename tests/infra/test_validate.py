@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from .conftest import ROOT, deploy, guest
 
 QUICK = ["-e", "validate_max_tokens=32", "-e", "validate_concurrency=2"]
@@ -54,6 +56,7 @@ def test_validate_passes_with_identical_tokens_and_writes_the_report(converged, 
     original_is_running()
 
 
+@pytest.mark.extended     # make test's time: the verdict's first divergence is tests/unit/test_validate_report.py's
 def test_a_broken_accepted_path_fails_with_the_first_divergence(converged, tmp_path):
     # the reference and the one broken configuration, on a few of the prompts, are enough to fail
     prompts = tmp_path / "prompts.json"
