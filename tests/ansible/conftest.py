@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,3 +46,26 @@ def vault_pass(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("vault") / "pass"
     p.write_text(DEMO_VAULT_PASSWORD + "\n")
     return p
+
+
+# The unit hides /home, /root, /run/user and the temporary folders (ProtectHome, PrivateTmp), and preflight refuses a
+# model there; pytest's own folders are under /tmp, so a model a local preflight run checks lives here (removed after).
+VISIBLE_BASE = Path(os.environ.get("K26_TEST_VISIBLE_DIR", "/var/lib/k26-test-models"))
+
+
+@pytest.fixture(scope="session")
+def visible_dir(tmp_path_factory):
+    """A factory of empty folders outside the ones the unit cannot see, all removed at the session's end."""
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        VISIBLE_BASE.mkdir(parents=True, exist_ok=True)
+        out = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=VISIBLE_BASE))
+        made.append(out)
+        return out
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        VISIBLE_BASE.rmdir()                      # only when no other session's folder is left in it

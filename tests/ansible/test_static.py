@@ -225,10 +225,10 @@ def test_the_width_policy_renders_as_written_and_the_plugin_reads_it(tmp_path, v
 
 
 @pytest.fixture(scope="module")
-def pair_dir(tmp_path_factory) -> Path:
+def pair_dir(visible_dir) -> Path:
     import sys
 
-    out = tmp_path_factory.mktemp("pair")
+    out = visible_dir("pair")
     subprocess.run([sys.executable, "-m", "ddtree.reference.init", "--out", str(out)], check=True, capture_output=True)
     return out
 
@@ -317,10 +317,10 @@ def test_preflight_passes_a_schedule_for_ddtree_serve(tmp_path, pair_dir):
 
 
 @pytest.fixture(scope="module")
-def sglang_pair_dir(pair_dir, tmp_path_factory) -> Path:
+def sglang_pair_dir(pair_dir, visible_dir) -> Path:
     """The tiny pair with its draft on target layer 0 only: SGLang captures layer k's output as the
     input of layer k + 1, so a draft of an SGLang server reads layers below the last one."""
-    out = tmp_path_factory.mktemp("sglang-pair")
+    out = visible_dir("sglang-pair")
     shutil.copytree(pair_dir, out, dirs_exist_ok=True)
     draft = json.loads((out / "draft/config.json").read_text())
     draft["dflash_config"]["target_layer_ids"] = [0]
