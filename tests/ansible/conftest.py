@@ -20,12 +20,17 @@ DEMO_VAULT_PASSWORD = "k26-demo-vault-password"  # documented demo password of t
 
 
 @functools.lru_cache(maxsize=1)
-def load_k26_inputs():
-    """roles/k26_defaults/filter_plugins/k26_inputs.py as a module (the input rules and the filters they serve)."""
-    spec = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
+def load_filters(name: str = "k26_inputs"):
+    """roles/k26_defaults/filter_plugins/NAME.py as a module (k26_inputs: the input rules and the filters they serve;
+    k26_relations: the rules between settings; k26_yaml: the YAML 1.1 traps)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"roles/k26_defaults/filter_plugins/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_k26_inputs():
+    return load_filters("k26_inputs")
 
 
 def ansible_env(tmp: Path) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT, load_k26_inputs
+from .conftest import ROOT, load_filters, load_k26_inputs
 from .test_static import render
 
 k26_inputs = load_k26_inputs()
@@ -40,13 +40,16 @@ def test_the_peers_are_the_host_the_gateways_the_monitors_and_the_allowed_networ
     assert named["invalid"] == ["gpu-1: gpu-1.example", "k26_firewall_allow: clients"]
 
 
+k26_relations = load_filters("k26_relations")
+
+
 def test_documentation_networks_are_found_and_real_ones_are_not():
     """Preflight refuses these in k26_firewall_allow (the example's placeholder left in a site inventory)."""
     given = ["192.0.2.0/24", "192.0.2.10", "198.51.100.0/25", "203.0.113.7/32", "2001:db8::/48", "10.20.0.0/16",
              "192.0.0.0/16", "fd00::/8", "clients", " 203.0.113.0/24 "]
-    assert k26_inputs.k26_documentation_networks(given) == [
+    assert k26_relations.k26_documentation_networks(given) == [
         "192.0.2.0/24", "192.0.2.10", "198.51.100.0/25", "203.0.113.7/32", "2001:db8::/48", "203.0.113.0/24"]
-    assert k26_inputs.k26_documentation_networks([]) == [] == k26_inputs.k26_documentation_networks(None)
+    assert k26_relations.k26_documentation_networks([]) == [] == k26_relations.k26_documentation_networks(None)
 
 
 def test_the_production_example_renders_its_rules(tmp_path, vault_pass):

@@ -4,18 +4,15 @@ contacted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 
 import pytest
 
-from .conftest import BIN, ROOT, run
+from .conftest import BIN, load_filters, run
 from .test_check_first import unreachable_fleet
 
-spec = importlib.util.spec_from_file_location("k26_relations", ROOT / "roles/k26_defaults/filter_plugins/k26_relations.py")
-k26_relations = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(k26_relations)
+k26_relations = load_filters("k26_relations")
 
 GOOD = {"k26_host": "10.0.0.11", "k26_verify_host": "10.0.0.11", "k26_port": 30000,
         "k26_gateway_worker_url": "http://10.0.0.11:30000", "k26_gateway_pool": True, "k26_sandbox": False,

@@ -3,17 +3,14 @@ them (roles/k26_defaults/filter_plugins/k26_yaml.py) and preflight refusing them
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import yaml
 
-from .conftest import BIN, ROOT, run
+from .conftest import BIN, ROOT, load_filters, run
 from .test_check_first import unreachable_fleet
 
-spec = importlib.util.spec_from_file_location("k26_yaml", ROOT / "roles/k26_defaults/filter_plugins/k26_yaml.py")
-k26_yaml = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(k26_yaml)
+k26_yaml = load_filters("k26_yaml")
 
 TRAPS = """\
 k26_port: 030000

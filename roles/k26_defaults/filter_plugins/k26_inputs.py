@@ -710,25 +710,6 @@ def k26_firewall_peers(hostvars, groups: Mapping, host: str, extra=()) -> dict:
     return out
 
 
-# RFC 5737's three IPv4 documentation networks and RFC 3849's IPv6 one: what examples use, never a real client
-DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in
-                               ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
-
-
-def k26_documentation_networks(values) -> list[str]:
-    """The entries of a list of addresses / networks that lie inside a documentation network (an example's
-    placeholder left in a site inventory); entries that are not addresses are for other checks."""
-    found = []
-    for value in values or []:
-        try:
-            network = ipaddress.ip_network(str(value).strip(), strict=False)
-        except ValueError:
-            continue
-        if any(network.version == doc.version and network.subnet_of(doc) for doc in DOCUMENTATION_NETWORKS):
-            found.append(str(value).strip())
-    return found
-
-
 # A snapshot's env files are committed to git: each line NAME=VALUE keeps its name; its value is redacted when the
 # name sounds secret or the value has a secret's shape (issue 48: redaction by name alone missed a token under a
 # plain name). Shapes: a URL's user password, a password / token / key query parameter, a hub, cloud, chat or
@@ -923,6 +904,5 @@ class FilterModule:
                 "k26_redact": k26_redact, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
                 "k26_unit_value": k26_unit_value, "k26_schedule_steps": k26_schedule_steps,
                 "k26_os_refusal": k26_os_refusal, "k26_firewall_peers": k26_firewall_peers,
-                "k26_documentation_networks": k26_documentation_networks,
                 "k26_nested_trees": k26_nested_trees, "k26_foreign_folders": k26_foreign_folders,
                 "k26_snapshot_inputs": k26_snapshot_inputs}

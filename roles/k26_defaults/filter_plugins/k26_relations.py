@@ -1,18 +1,47 @@
 """Rules between a server host's settings that each pass alone (issue 72, item 4): every message names both
 variables, what their values do together and the fix. `{{ facts | k26_relation_errors }}` -> a list of messages, where
-`facts` maps the names below to the host's values (preflight's relations.yml builds it).
+`facts` maps the names below to the host's values (preflight's relations.yml builds it). Also the two questions the
+rules share with other checks: which k26_firewall_allow entries are documentation networks (the example's
+placeholder: `k26_documentation_networks`) and whether a folder is one the unit cannot see (`k26_unseen_by_unit`,
+also the models role's check of each k26_models dest).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 ANY = {"0.0.0.0", "::", ""}
 UNSEEN = ("/home/", "/root/", "/tmp/", "/run/user/", "/var/tmp/")   # ProtectHome=yes, PrivateTmp=yes in the unit
+# RFC 5737's three IPv4 documentation networks and RFC 3849's IPv6 one: what examples use, never a real client
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in
+                               ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+
+
+def listed_networks(values: Iterable | None) -> Iterator[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+    """(entry as written, its network) for every entry of an address / network list that is one; the others are for
+    the list's own type rule."""
+    for value in values or []:
+        text = str(value).strip()
+        try:
+            yield text, ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            continue
+
+
+def k26_documentation_networks(values) -> list[str]:
+    """The entries of an address / network list inside a documentation network (an example's placeholder left in a
+    site inventory)."""
+    return [text for text, network in listed_networks(values)
+            if any(network.version == doc.version and network.subnet_of(doc) for doc in DOCUMENTATION_NETWORKS)]
+
+
+def k26_unseen_by_unit(path) -> bool:
+    """A folder k26-ddtree.service cannot see: under /home, /root, /run/user or the temporary folders."""
+    return (str(path) + "/").startswith(UNSEEN)
 
 
 def is_loopback(host: str) -> bool:
@@ -70,13 +99,7 @@ def tp_fits_gpus(f: Mapping) -> str | None:
 def firewall_not_open(f: Mapping) -> str | None:
     if not f.get("k26_firewall"):
         return None
-    wide = []
-    for value in f.get("k26_firewall_allow") or []:
-        try:
-            if ipaddress.ip_network(str(value).strip(), strict=False).prefixlen == 0:
-                wide.append(str(value).strip())
-        except ValueError:
-            continue
+    wide = [text for text, network in listed_networks(f.get("k26_firewall_allow")) if network.prefixlen == 0]
     if wide:
         return (f"k26_firewall_allow holds {', '.join(wide)} (every address) while k26_firewall is true: the firewall "
                 f"then lets every client in. Set k26_firewall: false to say so, or list the clients' networks")
@@ -86,7 +109,7 @@ def firewall_not_open(f: Mapping) -> str | None:
 def models_visible(f: Mapping) -> str | None:
     for name in ("k26_model_path", "k26_draft_model_path"):
         path = str(f.get(name) or "")
-        if path and (path + "/").startswith(UNSEEN):
+        if path and k26_unseen_by_unit(path):
             return (f"{name}={path} is in a folder the unit cannot see (ProtectHome=yes and PrivateTmp=yes in "
                     f"k26-ddtree.service hide /home, /root, /run/user and the temporary folders): the server would not "
                     f"find the weights. Stage them under /srv/models (k26_models, playbooks/stage_models.yml)")
@@ -116,4 +139,5 @@ def k26_relation_errors(facts: Mapping) -> list[str]:
 
 class FilterModule:
     def filters(self):
-        return {"k26_relation_errors": k26_relation_errors}
+        return {"k26_relation_errors": k26_relation_errors, "k26_documentation_networks": k26_documentation_networks,
+                "k26_unseen_by_unit": k26_unseen_by_unit}
