@@ -10,7 +10,8 @@
 # 3. tests/gpu_sglang/test_enlarged_pair.py (the enlarged pair's NONE against the small pair's) and
 #    test_ddtree_server.py's greedy and chain tests on the enlarged pair, its referee the small reference pair
 #    (SERVERS: the configurations, default none,dflash,ddtree-b32-c8-graphs,ddtree-b7-c1-graphs,ddtree-auto-c8-graphs),
-#    and tests/gpu_sglang/test_width_policy.py's tests of the width policy (issue 70) without the overlap scheduler.
+#    and tests/gpu_sglang/test_width_policy.py's tests of the width policy (issue 70) without the overlap scheduler;
+# 4. the chain-against-DFLASH test again on the small INT4 pair, as the control for step 3's.
 # POLICY_ONLY=1: after step 1 only the width policy's tests (tests/gpu_sglang/test_width_policy.py, no overlap twin) on
 # the small pair exported with bf16 experts ($ROOT/plain; SERVERS_POLICY, default none,ddtree-auto-c8-graphs).
 # Results: $OUT/results.md, results.json, logs.tgz.
@@ -54,6 +55,14 @@ SGLANG_DDTREE_PROMPTS="$ROOT/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUT"
   tests/gpu_sglang/test_width_policy.py -p no:cacheprovider -q -rfE \
   -k "enlarged or (greedy_equals_no and b32-c8-graphs) or chain_setting or ((policy or timed_before) and not overlap)"
 rc=$?
-tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null
-echo "[enlarged] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"
+# the control for the chain-against-DFLASH test (it failed on the enlarged pair on 2026-12-07, accept 2.754 against
+# 2.717): the same test on the small INT4 pair - the same Marlin kernels over rows 28x shorter. Passing here and
+# failing there points at bf16 rounding in the widened draft; failing here too is a difference in the chain itself.
+SGLANG_DDTREE_PAIR="$ROOT/small" SGLANG_DDTREE_REF="$ROOT/pair/b8" SGLANG_DDTREE_PROMPTS="$ROOT/pair/heldout_prompts.json" \
+SGLANG_DDTREE_OUT="$OUT/small" SGLANG_DDTREE_START="none,dflash,ddtree-b7-c1-graphs" \
+  python3 -m pytest tests/gpu_sglang/test_ddtree_server.py -p no:cacheprovider -q -rfE -k chain_setting
+rc_small=$?
+tar czf "$OUT/logs.tgz" -C "$OUT" logs small 2>/dev/null
+echo "[enlarged] tests done after $(( $(date +%s) - t0 )) s (rc $rc; the chain's control on the small pair rc $rc_small)"
+[ "$rc" -eq 0 ] && exit "$rc_small"
 exit $rc
