@@ -337,6 +337,20 @@ def test_extra_args_are_read_as_sglangs_own_parser_reads_them(tmp_path, item, sa
     assert r.returncode != 0 and "UNREACHABLE" not in out and said in out, out[-2000:]
 
 
+def test_the_code_running_and_random_weight_options_warn_at_every_run(tmp_path):
+    """Issue 72: k26_custom_logit_processors and k26_load_format dummy pass the check (their own variables) and print
+    a WARNING naming the host in the first play of every playbook; off, no warning."""
+    quiet, out = check_good_fleet(tmp_path)
+    assert quiet.returncode == 0 and "WARNING: k26_custom" not in out and "WARNING: k26_load_format" not in out
+    (tmp_path / "on").mkdir()
+    r, out = check_good_fleet(tmp_path / "on", extra=["-e", json.dumps({"k26_custom_logit_processors": True,
+                                                                        "k26_load_format": "dummy"})])
+    assert r.returncode == 0, out[-2000:]
+    for host in ("gpu-a", "gpu-b"):
+        assert f"WARNING: k26_custom_logit_processors is true on {host}" in out, out[-3000:]
+        assert f"WARNING: k26_load_format is dummy on {host}" in out
+
+
 @pytest.mark.parametrize("extra,said", [
     ({"k26_verify_host": "198.51.100.7"}, "k26_verify_host=198.51.100.7 is invalid: the verify client sends the API key"),
     ({"k26_user": "deployer", "ansible_user": "deployer"}, "k26_user=deployer is invalid: it is the account Ansible logs in as"),

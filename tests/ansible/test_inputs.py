@@ -154,7 +154,19 @@ MALFORMED = [
     ("k26_textfile_dir", "/var/lib", "is a system folder"),
     ("k26_monitoring_packages", ["prometheus"], "name=version"),
     ("k26_alert_accept_length_floor", "high", "expected a number 0..1024"),
-    ("k26_service_env", {"NCCL_P2P_DISABLE": True}, "a boolean (True) is written as True in the env file"),
+    ("k26_service_env", {"NCCL_SHM_DISABLE": True}, "a boolean (True) is written as True in the env file"),
+    # issue 72: names by an explicit list per library; names that load code named as such; names a role sets
+    ("k26_service_env", {"TRITON_CACHE_MANAGER": "evil.Manager"}, "names a file or plugin the server would load"),
+    ("k26_service_env", {"HF_MODULES_CACHE": "/srv/x"}, "names a file or plugin the server would load"),
+    ("k26_service_env", {"TORCH_EXTENSIONS_DIR": "/srv/x"}, "names a file or plugin the server would load"),
+    ("k26_service_env", {"TRITON_OVERRIDE_DIR": "/srv/x"}, "names a file or plugin the server would load"),
+    ("k26_service_env", {"SGLANG_NO_SUCH_SETTING": "1"}, "is not an allowed name; k26_service_env takes the library"),
+    ("k26_service_env", {"NCCL_P2P_DISABLE": "1"}, "set by the roles from k26_nccl_p2p"),
+    ("k26_service_env", {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}, "set by the roles from k26_pcie_ipc_allreduce"),
+    ("k26_service_env", {"SGLANG_DDTREE_BUDGET": "64"}, "set by the roles from k26_ddtree_budget"),
+    ("k26_service_env", {"HF_HOME": "/srv/hf"}, "set by the roles from the env template"),
+    ("k26_load_format", "safetensors", "expected auto or dummy"),
+    ("k26_custom_logit_processors", "maybe", "expected"),
     ("k26_alert_accept_length_drop_share", 1, "at 1 or above every dip would fire"),
     ("k26_alert_accept_length_drop_share", 0, "expected a number 0.05..0.99"),
     ("k26_metrics_interval", 1, "expected an integer 5..3600"),
@@ -353,7 +365,7 @@ DeviceAllow=/dev/nvidiactl rw
 
 def test_a_snapshots_unit_and_env_read_back_into_the_inputs_a_deploy_gives():
     """Issue 48: a snapshot is checked by the deploy's rules through the variables its unit and env file stand for."""
-    env = 'HOME=/var/lib/k26\nPATH=/opt/k26/venv/bin:/usr/bin\n# a comment\nNCCL_DEBUG=WARN\nSGLANG_X="a b"\n'
+    env = 'HOME=/var/lib/k26\nPATH=/opt/k26/venv/bin:/usr/bin\n# a comment\nNCCL_DEBUG=WARN\nNCCL_DEBUG_SUBSYS="INIT ENV"\n'
     got = k26_inputs.k26_snapshot_inputs(SNAPSHOT_UNIT, env)
     assert got == {"k26_user": "k26", "k26_group": "k26", "k26_state_dir": "/var/lib/k26",
                    "k26_device_allow": ["char-nvidia-uvm rw", "/dev/nvidiactl rw"],
@@ -361,10 +373,10 @@ def test_a_snapshots_unit_and_env_read_back_into_the_inputs_a_deploy_gives():
                    "k26_speculative_algorithm": "DDTREE", "k26_ddtree_budget": "1:64,8:32", "k26_tp_size": "8",
                    "k26_port": "30000", "k26_config_dir": "/etc/k26",
                    "k26_extra_args": ["--mem-fraction-static 0.85", "--disable-radix-cache"], "k26_server_kind": "sglang",
-                   "k26_service_env": {"NCCL_DEBUG": "WARN", "SGLANG_X": "a b"}}
+                   "k26_service_env": {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "INIT ENV"}}
     assert k26_inputs.k26_input_errors(got, SPEC) == []
     rule = SPEC["k26_extra_args"]
-    assert k26_inputs.k26_sglang_arg_errors(got["k26_extra_args"], rule["refused"], rule.get("refused_prefixes")) == []
+    assert k26_inputs.k26_sglang_arg_errors(got["k26_extra_args"], rule) == []
     # a second --tp, another config file, a loader variable and a device outside the NVIDIA set are each refused
     edited = (SNAPSHOT_UNIT.replace("--disable-radix-cache", "--disable-radix-cache --tp 1 --config /dev/null")
               .replace("DeviceAllow=char-nvidia-uvm rw", "DeviceAllow=/dev/sda rw"))
@@ -374,5 +386,20 @@ def test_a_snapshots_unit_and_env_read_back_into_the_inputs_a_deploy_gives():
     for said in ("k26_device_allow=", "LD_PRELOAD is not an allowed name", "k26_extra_args="):
         assert said in errors, errors
     assert "/srv/x.so" not in errors
-    said = " | ".join(k26_inputs.k26_sglang_arg_errors(got["k26_extra_args"], rule["refused"], rule.get("refused_prefixes")))
+    said = " | ".join(k26_inputs.k26_sglang_arg_errors(got["k26_extra_args"], rule))
     assert "SGLang reads it as --tp-size" in said or "SGLang reads it as --tensor-parallel-size" in said, said
+
+
+def test_a_snapshots_code_running_and_random_weight_options_read_back_into_their_variables():
+    """Issue 72: the two options only their own variables render come back as those variables, so a restored unit
+    is judged (and warned about) as a deploy of them would be; the same options among the extra args are refused."""
+    unit = SNAPSHOT_UNIT.replace("    --tp 8 \\\n", "    --tp 8 \\\n    --enable-custom-logit-processor \\\n"
+                                 "    --load-format dummy \\\n")
+    got = k26_inputs.k26_snapshot_inputs(unit, "")
+    assert got["k26_custom_logit_processors"] is True and got["k26_load_format"] == "dummy"
+    assert got["k26_extra_args"] == ["--mem-fraction-static 0.85", "--disable-radix-cache"]
+    assert k26_inputs.k26_input_errors(got, SPEC) == []
+    late = SNAPSHOT_UNIT.replace("--disable-radix-cache", "--disable-radix-cache --load-format dummy")
+    said = " | ".join(k26_inputs.k26_sglang_arg_errors(k26_inputs.k26_snapshot_inputs(late, "")["k26_extra_args"],
+                                                       SPEC["k26_extra_args"]))
+    assert "roles set from k26_load_format" in said, said

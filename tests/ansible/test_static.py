@@ -12,7 +12,7 @@ import jinja2
 import pytest
 import yaml
 
-from .conftest import BIN, ROOT, run
+from .conftest import BIN, ROOT, load_filters, run
 
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
 PLAYBOOKS = ["deploy.yml"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "playbooks").glob("*.yml"))
@@ -141,6 +141,22 @@ def test_production_none_fallback_renders_no_speculative_flag(tmp_path, vault_pa
     (tmp_path / "s").mkdir()
     sandbox = render("sandbox", tmp_path / "s", vault_pass, "-e", json.dumps({"k26_speculative_algorithm": "NONE"}))
     assert "--speculative-algorithm NONE" in exec_flags(sandbox["sandbox.service"])
+
+
+def test_the_code_running_and_random_weight_options_render_only_from_their_variables(tmp_path, vault_pass):
+    """Issue 72: --enable-custom-logit-processor and --load-format dummy come from k26_custom_logit_processors and
+    k26_load_format (off by default: the production line is unchanged), before the extra args, and the snapshot
+    reader takes them back into those variables."""
+    files = render("production", tmp_path, vault_pass, "-e",
+                   json.dumps({"k26_custom_logit_processors": True, "k26_load_format": "dummy"}))
+    unit = files["k26-gpu-01.service"]
+    flags = exec_flags(unit)
+    at = flags.index("--disable-overlap-schedule")
+    assert flags[at + 1:at + 3] == ["--enable-custom-logit-processor", "--load-format dummy"], flags
+    assert [f for f in flags if f not in flags[at + 1:at + 3]] == PRODUCTION_FLAGS
+    read = load_filters("k26_inputs").k26_snapshot_inputs(unit, files["k26-gpu-01.env"])
+    assert read["k26_custom_logit_processors"] is True and read["k26_load_format"] == "dummy"
+    assert read["k26_extra_args"] == ["--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2", "--watchdog-timeout 1800"]
 
 
 def test_the_units_path_has_the_venvs_bin_first(tmp_path, vault_pass):

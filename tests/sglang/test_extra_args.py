@@ -86,10 +86,34 @@ def test_the_controller_reads_each_list_as_sglang_does(words):
                                        ("--admin-api-key A", "--admin-api-key"), ("--tp 8", "--tensor-parallel-size"),
                                        ("--speculative-algo NONE", "--speculative-algorithm"), ("--conf /x", "--config")])
 def test_an_option_the_roles_own_is_refused_however_it_is_spelled(item, flag):
-    errors = k26_inputs.k26_sglang_arg_errors([item], RULE["refused"], RULE["refused_prefixes"])
+    errors = k26_inputs.k26_sglang_arg_errors([item], RULE)
     assert len(errors) == 1 and flag in errors[0] and "set that variable" in errors[0], errors
 
 
-def test_options_the_roles_leave_alone_pass():
-    assert k26_inputs.k26_sglang_arg_errors(["--mem-fraction-static 0.85", "--log-level=info", "--enable-mixed-chunk"],
-                                            RULE["refused"], RULE["refused_prefixes"]) == []
+def test_options_on_the_allow_list_pass_in_any_spelling_sglang_takes():
+    assert k26_inputs.k26_sglang_arg_errors(["--mem-fraction-static 0.85", "--log-level=info", "--disable-radix-cache",
+                                             "--watchdog-time 1800", "--tool-call-parser kimi_k2"], RULE) == []
+
+
+def test_the_allow_list_names_only_sglangs_options_none_the_roles_own():
+    table = {s for o in json.loads(k26_inputs.SGLANG_FLAGS.read_text())["options"] for s in o["strings"]}
+    assert set(RULE["allowed"]) <= table, set(RULE["allowed"]) - table
+    owned = set(RULE["refused"]) | {f for f in table for p in RULE["refused_prefixes"] if f.startswith(p)}
+    assert not set(RULE["allowed"]) & owned
+    assert all(isinstance(why, str) and len(why) > 10 for why in RULE["allowed"].values())
+
+
+@pytest.mark.parametrize("item,said", [
+    ("--enable-mixed-chunk", "not on the list of options this service takes"),
+    ("--kv-cache-dtype fp8_e5m2", "not on the list"),           # the equality tests ran bf16
+    ("--log-requests-level 3", "not on the list"),              # prompts in the journal
+    ("--custom-weight-loader x.y", "not on the list"),          # imports Python from a name
+    ("--forward-hooks x", "not on the list"),
+    ("--tokenizer-pa /srv/t", "not on the list"),               # a prefix: SGLang reads it as --tokenizer-path
+    ("--load-format dummy", "k26_load_format"),                  # their own variables, warned at every run
+    ("--load-form=dummy", "k26_load_format"),
+    ("--enable-custom-logit-processor", "k26_custom_logit_processors"),
+])
+def test_an_option_off_the_allow_list_is_refused_naming_the_list_or_its_variable(item, said):
+    errors = k26_inputs.k26_sglang_arg_errors(["--tool-call-parser kimi_k2", item], RULE)
+    assert len(errors) == 1 and said in errors[0] and "item 1" in errors[0], errors

@@ -340,17 +340,40 @@ def _given(words: list[str]) -> dict[str, object]:
     return {k: v for k, v in vars(namespace).items() if v is not _UNSET}
 
 
-def k26_sglang_arg_errors(args, refused: Mapping, refused_prefixes: Mapping | None = None) -> list[str]:
+def _dests_of(flags: Mapping, flag_dest: Mapping, prefixes: Mapping | None = None) -> dict[str, str]:
+    """SGLang's dest -> the text a rule gives for it, from flag -> text (and flag prefix -> text)."""
+    dests = {flag_dest[f]: text for f, text in flags.items() if f in flag_dest}
+    dests.update({d: text for prefix, text in (prefixes or {}).items() for f, d in flag_dest.items() if f.startswith(prefix)})
+    return dests
+
+
+def _item_errors(index: int, item: str, given: Mapping, owners: Mapping, allowed: Mapping, flag_dest: Mapping) -> list[str]:
+    """One item's options read by SGLang's parser (GIVEN: dest -> value) against the owned and the allowed options."""
+    errors = []
+    for dest in given:
+        flags = "/".join(f for f, d in flag_dest.items() if d == dest and f.startswith("--"))
+        if dest in owners:
+            errors.append(f"k26_extra_args item {index} ({item!r}): SGLang reads it as {flags}, which the roles set "
+                          f"from {owners[dest]}; set that variable, not k26_extra_args")
+        elif allowed is not None and dest not in allowed:
+            errors.append(f"k26_extra_args item {index} ({item!r}): SGLang reads it as {flags}, which is not on the "
+                          "list of options this service takes (k26_extra_args.allowed in roles/preflight/vars/main.yml, "
+                          "each with why: options that load code, log prompts or change the tested numerics are left "
+                          "out); drop it, or add it there with the reason and a test")
+    return errors
+
+
+def k26_sglang_arg_errors(args, rule: Mapping) -> list[str]:
     """k26_extra_args read as `sglang serve` reads them: each item's words through SGLang 0.5.23's option table
     (a prefix of a flag is that flag, `--flag=value` and a flag inside a value count), then all items together.
-    Refused: an option SGLang does not have, one its parser refuses (ambiguous, a missing value), and any option
-    whose dest is one a role sets (`refused`: flag -> the variable that sets it; `refused_prefixes`)."""
+    RULE is _preflight_inputs.k26_extra_args. Refused: an option SGLang does not have, one its parser refuses
+    (ambiguous, a missing value), any option whose dest a role sets (`refused`: flag -> the variable that sets it;
+    `refused_prefixes`), and any option off the allow-list (`allowed`: flag -> why; every option when it is absent)."""
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         return []                                      # _args names the shape
     _, flag_dest, version = _sglang_parser()
-    owners = {flag_dest[f]: owner for f, owner in refused.items() if f in flag_dest}
-    owners.update({d: owner for prefix, owner in (refused_prefixes or {}).items()
-                   for f, d in flag_dest.items() if f.startswith(prefix)})
+    owners = _dests_of(rule.get("refused") or {}, flag_dest, rule.get("refused_prefixes"))
+    allowed = _dests_of(rule["allowed"], flag_dest) if "allowed" in rule else None
     errors = []
     for index, item in enumerate(args):
         try:
@@ -360,11 +383,7 @@ def k26_sglang_arg_errors(args, refused: Mapping, refused_prefixes: Mapping | No
             errors.append(f"k26_extra_args item {index} ({item!r}): {said}; give options of SGLang {version}'s "
                           "`sglang serve --help`")
             continue
-        for dest in given:
-            if dest in owners:
-                flags = "/".join(f for f, d in flag_dest.items() if d == dest and f.startswith("--"))
-                errors.append(f"k26_extra_args item {index} ({item!r}): SGLang reads it as {flags}, which the "
-                              f"roles set from {owners[dest]}; set that variable, not k26_extra_args")
+        errors += _item_errors(index, item, given, owners, allowed, flag_dest)
     if not errors:
         try:
             _given([w for item in args for w in item.split()])
@@ -397,29 +416,37 @@ def _url(value, rule: Mapping) -> str | None:
     return None
 
 
-# k26_service_env's names: an allow-list by prefix of what tunes the server's libraries, less what loads code or
-# redirects a loader or an interpreter (LD_*, PYTHON*, a library path, a plugin): the unit's environment runs
-# `--trust-remote-code` Python as the service user, so a name that loads a file is a way in (issue 48)
-ENV_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVSHMEM_", "TRITON_", "FLASHINFER_", "HF_",
-                "TRANSFORMERS_", "OMP_", "MKL_", "TOKENIZERS_")
-ENV_LOADS_CODE = re.compile(r".*(_PATH|_PRELOAD|_LIBRARY|_LIB|PLUGINS?|_PLUGIN_.*|_HOME|_DIR_OVERRIDE)")
+# k26_service_env's names: an allow-list by name and library (the rule's `names`, roles/preflight/vars/main.yml); a
+# name that loads code or redirects a loader or an interpreter is on no list, and is named as such: the unit's
+# environment runs `--trust-remote-code` Python as the service user, so a name that loads a file is a way in (issues
+# 48, 72)
+ENV_LOADS_CODE = re.compile(r"LD_.*|PYTHON.*|.*(_PATH|_PRELOAD|_LIBRARY|_LIB|PLUGINS?|_PLUGIN_.*|_HOME|_DIR_OVERRIDE|"
+                            r"_CACHE_MANAGER|_OVERRIDE_DIR|_MODULES_CACHE|_EXTENSIONS_DIR)")
 ENV_OWN_VALUES = {"SGLANG_PLUGINS": "ddtree"}       # allowed with exactly this value (which plugins SGLang loads)
 
 
-def _env_name(name) -> str | None:
+def _env_libraries(rule: Mapping) -> dict[str, str]:
+    """name -> its library, from the rule's `names` (library -> names)."""
+    return {name: library for library, names in (rule.get("names") or {}).items() for name in names}
+
+
+def _env_name(name, rule: Mapping) -> str | None:
     if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
         return f"name {name!r} is not an environment variable name (A-Z, 0-9, _)"
     if name in TEST_BED_ONLY:
         return (f"{name} is a GPU test bed diagnostic (a deliberate fault or a per-step dump: wrong or slow "
                 "answers); remove it from k26_service_env")
-    if name in ENV_OWN_VALUES:
+    owner = (rule.get("owned") or {}).get(name) or ("the env template (the roles write it)"
+                                                    if name in ENV_TEMPLATE_NAMES else None)
+    if owner:
+        return f"{name} is set by the roles from {owner}; set that, not k26_service_env"
+    if name in _env_libraries(rule):
         return None
-    if not name.startswith(ENV_PREFIXES):
-        return (f"{name} is not an allowed name: k26_service_env takes the server's library settings only (names "
-                f"starting {', '.join(ENV_PREFIXES)}), never a loader's or an interpreter's (LD_*, PYTHON*, PATH)")
-    if ENV_LOADS_CODE.fullmatch(name):
-        return f"{name} names a file or plugin the server would load (a path, a library or a plugin): not allowed"
-    return None
+    loads = (": it names a file or plugin the server would load (a path, a library, a module or a plugin)"
+             if ENV_LOADS_CODE.fullmatch(name) else "")
+    return (f"{name} is not an allowed name{loads}; k26_service_env takes the library settings listed in "
+            f"roles/preflight/vars/main.yml (k26_service_env.names: {', '.join(rule.get('names') or {})}), "
+            "each read by the pinned library")
 
 
 def _env(value, rule: Mapping) -> str | None:
@@ -428,7 +455,7 @@ def _env(value, rule: Mapping) -> str | None:
     if not isinstance(value, Mapping):
         return "expected a map of NAME: value"
     for name, item in value.items():
-        why = _env_name(name)
+        why = _env_name(name, rule)
         if why:
             return why
         if isinstance(item, (Mapping, list)) or item is None:
@@ -763,7 +790,9 @@ UNIT_FLAGS = {"--model-path": "k26_model_path", "--served-model-name": "k26_serv
               "--cuda-graph-max-bs-decode": "k26_cuda_graph_max_bs", "--tp": "k26_tp_size",
               "--attention-backend": "k26_attention_backend", "--max-running-requests": "k26_max_running_requests",
               "--host": "k26_host", "--port": "k26_port", "--device": "k26_reference_device",
-              "--dtype": "k26_reference_dtype", "--graceful-timeout": "k26_drain_timeout"}
+              "--dtype": "k26_reference_dtype", "--graceful-timeout": "k26_drain_timeout",
+              "--load-format": "k26_load_format"}
+UNIT_SWITCHES = {"--enable-custom-logit-processor": "k26_custom_logit_processors"}   # a flag alone: the variable true
 UNIT_FIXED = {("--trust-remote-code",), ("--enable-metrics",), ("--disable-overlap-schedule",),
               ("--cuda-graph-backend-decode", "disabled")}
 UNIT_DIRECTIVES = {"User": "k26_user", "Group": "k26_group", "WorkingDirectory": "k26_state_dir"}
@@ -800,6 +829,9 @@ def _unit_args(words: list[str]) -> tuple[dict, list[str]]:
         if ours and (word, following) in UNIT_FIXED:
             index += 2
         elif ours and (word,) in UNIT_FIXED:
+            index += 1
+        elif ours and not takes_value and UNIT_SWITCHES.get(word) and UNIT_SWITCHES[word] not in values:
+            values[UNIT_SWITCHES[word]] = True
             index += 1
         elif ours and takes_value and UNIT_FLAGS.get(word) and UNIT_FLAGS[word] not in values:
             values[UNIT_FLAGS[word]] = following
