@@ -11,7 +11,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from urllib.parse import urlsplit
+
+import yaml
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 ANY = {"0.0.0.0", "::", ""}
@@ -137,7 +140,73 @@ def k26_relation_errors(facts: Mapping) -> list[str]:
     return [why for rule in RULES if (why := rule(facts))]
 
 
+# Folders by owner (issue 72, item 3). Root writes, or runs from, or restores from, each of ROOT_FOLDERS; a service
+# user writes each of WRITABLE_FOLDERS. A root folder inside a writable one can be replaced by that service (a
+# `k26_maintenance 1` line in the textfile folder mutes every page; a unit planted in the rollback folder is what root
+# restores); a writable folder inside a root one puts the service's files among root's. Neither is allowed, whichever
+# holds the other, equal included. k26_gpu_report_path is a file root rewrites whole at every deploy and never reads
+# back (an operator's report; its default sits in the state folder): not in the rule.
+ROOT_FOLDERS = ("k26_prefix", "k26_venv", "k26_config_dir", "k26_rollback_root", "k26_rollback_dir", "k26_lock_dir",
+                "k26_fleet_lock_dir", "k26_monitoring_config_dir", "k26_textfile_dir", "k26_grafana_dashboards_dir",
+                "k26_grafana_provisioning_dir", "k26_gateway_prefix", "k26_gateway_config_dir")
+WRITABLE_FOLDERS = {"k26_state_dir": "the server's user (k26_user) writes",
+                    "/var/lib/k26-prometheus": "Prometheus (user prometheus) writes",
+                    "/var/lib/k26-alertmanager": "Alertmanager (user prometheus) writes"}
+MONITOR_ONLY = ("/var/lib/k26-prometheus", "/var/lib/k26-alertmanager")   # the monitor host's StateDirectory= folders
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def k26_folder_values(values: Mapping) -> dict[str, str]:
+    """VALUES (the host's, names it lacks or leaves empty absent) completed with the roles' own literal defaults
+    (roles/*/defaults/main.yml, playbooks/vars/fleet.yml) for ROOT_FOLDERS and k26_state_dir: the check play loads no
+    other role's defaults, and a default that nests with a value set is as wrong as two values set."""
+    wanted = (*ROOT_FOLDERS, "k26_state_dir")
+    found: dict[str, str] = {}
+    for path in [*sorted(ROOT.glob("roles/*/defaults/main.yml")), ROOT / "playbooks/vars/fleet.yml"]:
+        for name, value in (yaml.safe_load(path.read_text()) or {}).items():
+            if name in wanted and isinstance(value, str) and "{{" not in value:
+                found[name] = value
+    found.update({k: str(v) for k, v in values.items() if k in wanted and v not in (None, "", "__k26_unset__")})
+    return found
+
+
+def _nests(a: str, b: str) -> bool:
+    """A lies inside B or holds it (equal counts)."""
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+def k26_folder_owner_errors(values: Mapping, monitor: bool = False, server: bool = True) -> list[str]:
+    """One message per (root folder, writable folder) pair that nests, naming both variables (a fixed folder by its
+    path). VALUES: the host's folder variables (ROOT_FOLDERS, k26_state_dir; those it lacks are left out); MONITOR:
+    the host runs Prometheus and Alertmanager (their state folders count); SERVER: it runs the server (its
+    k26_state_dir counts)."""
+    writable = {name: (str(values[name]), who) for name, who in WRITABLE_FOLDERS.items()
+                if name in values and (server or name != "k26_state_dir")}
+    if monitor:
+        writable.update({path: (path, WRITABLE_FOLDERS[path]) for path in MONITOR_ONLY})
+    errors = []
+    for root_name in ROOT_FOLDERS:
+        root = str(values.get(root_name) or "")
+        for name, (folder, who) in writable.items():
+            if not root or not folder or not _nests(root, folder):
+                continue
+            shown = f"{name}={folder}" if name.startswith("k26_") else f"{folder} (fixed)"
+            inside = root.rstrip("/") + "/" != folder.rstrip("/") + "/" and (root.rstrip("/") + "/").startswith(
+                folder.rstrip("/") + "/")
+            how = ("lies inside the folder " if inside else "holds or is the folder ") + f"{who}"
+            errors.append(
+                f"{root_name}={root} is invalid with {shown}: a folder root owns {how}, so that service could change "
+                f"what root runs, restores or reads (e.g. a k26_maintenance line in the textfile folder mutes pages, "
+                f"a unit in the rollback folder is what root restores); give {root_name} a folder apart from "
+                f"{name if name.startswith('k26_') else folder} (the defaults keep them apart)")
+    return errors
+
+
 class FilterModule:
     def filters(self):
         return {"k26_relation_errors": k26_relation_errors, "k26_documentation_networks": k26_documentation_networks,
-                "k26_unseen_by_unit": k26_unseen_by_unit}
+                "k26_unseen_by_unit": k26_unseen_by_unit, "k26_folder_owner_errors": k26_folder_owner_errors,
+                "k26_folder_values": k26_folder_values}
