@@ -18,7 +18,7 @@ import jinja2
 import pytest
 import yaml
 
-from .conftest import BIN, ROOT, run
+from .conftest import BIN, ROOT, load_filters, run
 from .test_static import render
 
 _spec = importlib.util.spec_from_file_location("k26_textfile_metrics", ROOT / "roles/monitoring/files/k26_textfile_metrics.py")
@@ -252,11 +252,26 @@ def test_the_service_info_comes_from_the_rendered_units(tmp_path, vault_pass):
     assert collector.service_lines(None, "r1") == [] and collector.service_lines("[Unit]\n", "r1") == []
 
 
-@pytest.mark.parametrize(("listen", "address"), [("::", "[::]:9100"), ("fd00::5", "[fd00::5]:9100"),
-                                                   ("10.0.0.11", "10.0.0.11:9100"), ("0.0.0.0", "0.0.0.0:9100")])
-def test_the_node_exporters_listen_address_brackets_an_ipv6_one(listen, address):
-    """Issue 72: `k26_node_exporter_listen: '::'` rendered `--web.listen-address=:::9100`."""
-    line = next(ln for ln in (ROOT / "templates/etc/systemd/system/k26-node-exporter.service.j2").read_text().splitlines()
+LISTENS = [("k26-node-exporter.service.j2", "k26_node_exporter_listen", "k26_node_exporter_port"),
+           ("k26-prometheus.service.j2", "k26_prometheus_listen", "k26_prometheus_port"),
+           ("k26-alertmanager.service.j2", "k26_alertmanager_listen", "k26_alertmanager_port")]
+
+
+@pytest.mark.parametrize(("listen", "address", "local"), [("::", "[::]:9100", "[::1]:9100"),
+                                                            ("fd00::5", "[fd00::5]:9100", "[fd00::5]:9100"),
+                                                            ("10.0.0.11", "10.0.0.11:9100", "10.0.0.11:9100"),
+                                                            ("0.0.0.0", "0.0.0.0:9100", "127.0.0.1:9100")])
+@pytest.mark.parametrize(("template", "variable", "port"), LISTENS)
+def test_every_listen_address_brackets_an_ipv6_one(template, variable, port, listen, address, local):
+    """Issue 72: `k26_node_exporter_listen: '::'` rendered `--web.listen-address=:::9100`; Prometheus's and
+    Alertmanager's flags the same; the clients on the host (Prometheus's Alertmanager target, the exporter's check)
+    reach the any-address through loopback."""
+    env = jinja2.Environment()
+    env.filters.update(k26_host_port=load_filters("k26_relations").k26_host_port, to_json=json.dumps)
+    line = next(ln for ln in (ROOT / "templates/etc/systemd/system" / template).read_text().splitlines()
                 if "--web.listen-address=" in ln)
-    rendered = jinja2.Template(line).render(k26_node_exporter_listen=listen, k26_node_exporter_port=9100)
+    rendered = env.from_string(line).render({variable: listen, port: 9100})
     assert f"--web.listen-address={address} " in rendered + " "
+    target = next(ln for ln in (ROOT / "templates/etc/k26-monitoring/prometheus.yml.j2").read_text().splitlines()
+                  if "k26_alertmanager_listen" in ln)
+    assert f'["{local}"]' in env.from_string(target).render(k26_alertmanager_listen=listen, k26_alertmanager_port=9100)

@@ -229,7 +229,9 @@ def _own_example(text: str) -> str:
 
 
 def _host(value, rule: Mapping) -> str | None:
-    text = str(value)
+    if not isinstance(value, str):      # YAML's yes, ~, 1.5 or 7: not what was meant (True would render as a name)
+        return f"expected an address or DNS name as text, got {type(value).__name__} {value!r}: quote it"
+    text = value
     try:
         ipaddress.ip_address(text)
         return None
@@ -458,11 +460,12 @@ def _env(value, rule: Mapping) -> str | None:
         why = _env_name(name, rule)
         if why:
             return why
-        if isinstance(item, (Mapping, list)) or item is None:
-            return f"{name}: expected a string or a number, got {type(item).__name__}"
         if isinstance(item, bool):      # YAML's yes/on/true: the env file would say True, which NCCL reads as 0
             return (f"{name}: a boolean ({item}) is written as {item} in the env file, which the libraries read as "
                     f"neither 1 nor 0 (NCCL takes it for 0): write the string the library expects, e.g. \"1\" or \"0\"")
+        if not isinstance(item, str):   # YAML reads 010 as 8, 1e3 as 1000.0 and 1_000 as 1000: the text is what counts
+            return (f"{name}: expected a string, got {type(item).__name__} (YAML reads 010 as 8 and 1e3 as 1000.0): "
+                    "quote the value, e.g. \"8\"")
         if not ENV_VALUE.fullmatch(str(item)) or len(str(item)) > 1024:
             return f"{name}: its value (not shown) holds other than letters, digits, spaces and ._:/,=@+- (no quotes, $, newlines)"
         if name in ENV_OWN_VALUES and str(item) != ENV_OWN_VALUES[name]:

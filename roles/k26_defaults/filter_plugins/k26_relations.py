@@ -205,8 +205,19 @@ def k26_folder_owner_errors(values: Mapping, monitor: bool = False, server: bool
     return errors
 
 
+def k26_host_port(host, port, local: bool = False) -> str:
+    """HOST:PORT as a listen flag or a URL takes it: an IPv6 address in brackets ([::]:9090); LOCAL (a client on the
+    same host) turns the any-address into loopback (0.0.0.0 -> 127.0.0.1, :: -> [::1])."""
+    text = str(host).strip("[]")
+    if local and text in ("0.0.0.0", ""):
+        text = "127.0.0.1"
+    elif local and text == "::":
+        text = "::1"
+    return f"[{text}]:{port}" if ":" in text else f"{text}:{port}"
+
+
 class FilterModule:
     def filters(self):
         return {"k26_relation_errors": k26_relation_errors, "k26_documentation_networks": k26_documentation_networks,
                 "k26_unseen_by_unit": k26_unseen_by_unit, "k26_folder_owner_errors": k26_folder_owner_errors,
-                "k26_folder_values": k26_folder_values}
+                "k26_folder_values": k26_folder_values, "k26_host_port": k26_host_port}
