@@ -163,6 +163,7 @@ MALFORMED = [
     ("k26_service_env", {"TORCH_EXTENSIONS_DIR": "/srv/x"}, "names a file or plugin the server would load"),
     ("k26_service_env", {"TRITON_OVERRIDE_DIR": "/srv/x"}, "names a file or plugin the server would load"),
     ("k26_service_env", {"SGLANG_NO_SUCH_SETTING": "1"}, "is not an allowed name; k26_service_env takes the library"),
+    ("k26_service_env", {"SGLANG_DDTREE_OVERLAP": "0"}, "SGLANG_DDTREE_OVERLAP is not an allowed name"),   # removed
     ("k26_service_env", {"NCCL_P2P_DISABLE": "1"}, "set by the roles from k26_nccl_p2p"),
     ("k26_service_env", {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}, "set by the roles from k26_pcie_ipc_allreduce"),
     ("k26_service_env", {"SGLANG_DDTREE_BUDGET": "64"}, "set by the roles from k26_ddtree_budget"),
