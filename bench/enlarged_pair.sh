@@ -31,7 +31,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade 
   | grep -vi warning || true
 if [ ! -f "$ROOT/pair/b8/draft/model.safetensors" ]; then
   python3 bench/train_pair.py --out "$ROOT/pair" --size kimi-allexp --minutes "${TRAIN_MINUTES:-2}" --block-sizes 8 \
-    --prompts 32 --device cuda | grep -E "held-out|steps in" || exit 1
+    --prompts 32 --train-prompts 32 --device cuda | grep -E "held-out|steps in" || exit 1
 fi
 if [ -n "${POLICY_ONLY:-}" ]; then   # the width policy's tests alone, on the small pair (bf16 experts): a short job
   [ -d "$ROOT/plain/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/pair/b8" --out "$ROOT/plain" || exit 1

@@ -376,6 +376,10 @@ class Fleet:
             self.start([name], timeout)
         return self.servers[name]
 
+    def stop(self, name: str) -> None:
+        """Stop one server; its entry (and so its ports) stays taken, so a later server never reuses them."""
+        self.servers[name].stop()
+
     def stop_all(self) -> None:
         for s in self.servers.values():
             s.stop()

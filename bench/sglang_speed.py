@@ -120,11 +120,15 @@ def auto_name(budgets: tuple[int, ...]) -> str:
 
 
 def fixed_configs(budgets=BUDGETS, modes: tuple[bool, ...] = (False, True),
-                  chain: tuple[int, int] | None = CHAIN, auto: tuple[int, ...] = ()) -> list[servers.ServerConfig]:
-    """Phase 1: NONE, DFLASH, DDTREE at each budget (cap 8), the chain (None: without it) and, with `auto`, the width
-    policy over those trees (issue 70), in each overlap mode of `modes`."""
-    trees = [(b, CAP) for b in budgets] + ([chain] if chain else [])
-    bases = ["none", "dflash", *(f"ddtree-b{b}-c{c}-graphs" for b, c in trees), *([auto_name(auto)] if auto else [])]
+                  chain: tuple[int, int] | None = CHAIN, auto: tuple[int, ...] = (),
+                  caps: tuple[int, ...] = (CAP,), bases: tuple[str, ...] = ()) -> list[servers.ServerConfig]:
+    """Phase 1: NONE, DFLASH, DDTREE at each budget x cap (cap 8 by default; a cap above the budget left out), the
+    chain (None: without it) and, with `auto`, the width policy over those trees (issue 70), in each overlap mode of
+    `modes`; `bases` (configuration names without the overlap and batch suffixes) replaces all of that."""
+    if not bases:
+        trees = [(b, c) for b in budgets for c in caps if c <= b] + ([chain] if chain else [])
+        bases = ("none", "dflash", *(f"ddtree-b{b}-c{c}-graphs" for b, c in trees),
+                 *([auto_name(auto)] if auto else []))
     return [servers.config(f"{b}{OVERLAP if o else ''}-bs48") for b in bases for o in modes]
 
 
@@ -529,29 +533,40 @@ def start_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], timeo
 
 def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], prompts: dict[int, list[list[int]]],
                   loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path,
-                  timeout: float, references: dict[str, list[list[int]]]) -> None:
-    """Start `configs` together, then measure them one at a time at every load (NONE's outputs, per overlap mode
-    and load, go to `references` for the later rows' temperature-0 comparison); rows are appended and saved."""
-    ready = start_fleet(fleet, configs, timeout)
+                  timeout: float, references: dict[str, list[list[int]]], one_at_a_time: bool = False) -> None:
+    """Start `configs` together (with `one_at_a_time`: each alone, stopped after its rows - a pair whose one server
+    fills the GPU, issue 69's enlarged pair), then measure them one at a time at every load (NONE's outputs, per
+    overlap mode and load, go to `references` for the later rows' temperature-0 comparison); rows are appended and
+    saved."""
+    ready = {} if one_at_a_time else start_fleet(fleet, configs, timeout)
     for cfg in configs:
-        if not ready.get(cfg.name):
+        if one_at_a_time:
+            ready.update(start_fleet(fleet, [cfg], timeout))
+        if ready.get(cfg.name):
+            measure_config(fleet.servers[cfg.name], cfg, prompts, loads, max_new_tokens, rows, out, references)
+        if one_at_a_time:
+            fleet.stop(cfg.name)
+
+
+def measure_config(server: servers.Server, cfg: servers.ServerConfig, prompts: dict[int, list[list[int]]],
+                   loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path,
+                   references: dict[str, list[list[int]]]) -> None:
+    """One started server at every load: its rows appended and saved as they come, its answers kept."""
+    for load in loads:
+        reference = None if cfg.algorithm == "NONE" else references.get(reference_key(cfg.overlap, load))
+        try:
+            row, outputs = measure_row(server, prompts[load], load, max_new_tokens, reference)
+        except Exception as err:                  # a server that fails under load: its rows say so, others go on
+            print(f"{cfg.name} at load {load}: {type(err).__name__}: {str(err)[:300]}", flush=True)
             continue
-        server = fleet.servers[cfg.name]
-        for load in loads:
-            reference = None if cfg.algorithm == "NONE" else references.get(reference_key(cfg.overlap, load))
-            try:
-                row, outputs = measure_row(server, prompts[load], load, max_new_tokens, reference)
-            except Exception as err:                  # a server that fails under load: its rows say so, others go on
-                print(f"{cfg.name} at load {load}: {type(err).__name__}: {str(err)[:300]}", flush=True)
-                continue
-            if cfg.algorithm == "NONE":
-                references[reference_key(cfg.overlap, load)] = outputs
-                (out / NONE_ANSWERS).write_text(json.dumps(references))
-            else:
-                save_answers(out, cfg.name, load, outputs)
-            rows.append(row)
-            say_row(row)
-            save_rows(rows, out)
+        if cfg.algorithm == "NONE":
+            references[reference_key(cfg.overlap, load)] = outputs
+            (out / NONE_ANSWERS).write_text(json.dumps(references))
+        else:
+            save_answers(out, cfg.name, load, outputs)
+        rows.append(row)
+        say_row(row)
+        save_rows(rows, out)
 
 
 def measure_schedule(fleet: servers.Fleet, schedule: TreeSchedule, overlap: bool, prompts: dict[int, list[list[int]]],
@@ -640,6 +655,12 @@ def main(argv=None) -> int:
                     help="phase 1 also serves the width policy over these trees (cap 8), e.g. 8,16,32 (issue 70)")
     ap.add_argument("--no-chain", action="store_true",
                     help="phase 1 without the chain (budget block - 1, cap 1: 7 for a block-8 draft)")
+    ap.add_argument("--caps", default=str(CAP), help="phase 1's top-k caps for every budget, e.g. 1,4,8")
+    ap.add_argument("--configs", default="",
+                    help="phase 1 serves exactly these (names without the overlap and batch suffixes, e.g. "
+                         "none,dflash,ddtree-b8-c4-graphs,dflash-k16) instead of the budgets x caps")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="phase 1 starts each server alone and stops it after its rows (a pair one server fills)")
     args = ap.parse_args(argv)
     loads = tuple(int(x) for x in args.loads.split(","))
     if max(loads) > MAX_BS or min(loads) < 1:
@@ -668,8 +689,10 @@ def main(argv=None) -> int:
         try:                                       # NONE first: the reference
             measure_fleet(fleet, fixed_configs(tuple(int(b) for b in args.budgets.split(",")), modes,
                                                None if args.no_chain else chain,
-                                               tuple(int(b) for b in args.auto.split(",") if b)), prompts,
-                          loads, args.max_new_tokens, rows, out, args.start_timeout, references)
+                                               tuple(int(b) for b in args.auto.split(",") if b),
+                                               tuple(int(c) for c in args.caps.split(",")),
+                                               tuple(c for c in args.configs.split(",") if c)), prompts,
+                          loads, args.max_new_tokens, rows, out, args.start_timeout, references, args.one_at_a_time)
         finally:
             fleet.stop_all()
     schedules: dict[bool, TreeSchedule] = {}

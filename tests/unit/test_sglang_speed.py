@@ -129,6 +129,20 @@ def test_modes_parse_and_a_bad_one_is_named():
     assert len(speed.fixed_configs((16, 32), (False, True), chain=None)) == 8
 
 
+def test_caps_cross_every_budget_and_named_configurations_replace_the_matrix():
+    """Issue 69 item 4: budgets 8/16 x caps 1/4/8 (a cap above its budget left out), or exactly the settings named."""
+    names = [c.name for c in speed.fixed_configs((8, 16), (False,), None, caps=(1, 4, 8))]
+    trees = [n for n in names if n.startswith("ddtree")]
+    assert trees == [f"ddtree-b{b}-c{c}-graphs-bs48" for b in (8, 16) for c in (1, 4, 8)]
+    assert [c.name for c in speed.fixed_configs((4,), (False,), None, caps=(1, 8))][2:] == ["ddtree-b4-c1-graphs-bs48"]
+    named = speed.fixed_configs(modes=(False, True), bases=("none", "ddtree-b8-c4-graphs"))
+    assert [c.name for c in named] == ["none-bs48", "none-overlap-bs48", "ddtree-b8-c4-graphs-bs48",
+                                       "ddtree-b8-c4-graphs-overlap-bs48"]
+    assert named[3].overlap and named[3].max_bs == 48 and (named[3].budget, named[3].cap) == (8, 4)
+    with pytest.raises(ValueError, match="configuration 'ddtree-b8-graphs' is invalid"):
+        speed.fixed_configs(modes=(False,), bases=("ddtree-b8-graphs",))
+
+
 def test_the_chain_is_the_pairs_own_block(tmp_path):
     """A block-16 draft's chain is budget 15 (DFLASH's own block); a pair without an exported draft is named."""
     (tmp_path / "draft").mkdir()
