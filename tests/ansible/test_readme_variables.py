@@ -12,8 +12,8 @@ from .conftest import ROOT
 
 
 def table_rows() -> list[list[str]]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Variables (inventory `group_vars/k26/`)", 1)[1].split("\n\n", 2)[1]
+    readme = (ROOT / "docs/operations.md").read_text()
+    section = readme.split("## Variables (inventory `group_vars/k26/`)", 1)[1].split("\n\n", 2)[1]
     return [[c.strip() for c in row.strip().strip("|").split("|")] for row in section.splitlines()[2:]]
 
 

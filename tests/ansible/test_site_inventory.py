@@ -19,8 +19,8 @@ BLOCK = re.compile(r"<!-- site-inventory -->\n(?:<!--[^\n]*-->\n)?```bash\n(.*?)
 
 def readme_commands() -> list[str]:
     """The block's command lines, comments stripped (a line ending in `on the real host only` is not run here)."""
-    found = BLOCK.search((ROOT / "README.md").read_text())
-    assert found, "README.md has no site-inventory block"
+    found = BLOCK.search((ROOT / "docs/operations.md").read_text())
+    assert found, "docs/operations.md has no site-inventory block"
     lines = [line.split("  #", 1)[0].strip() for line in found.group(1).splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
 

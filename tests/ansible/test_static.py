@@ -117,10 +117,10 @@ def test_production_unit_has_exactly_the_expected_flags(tmp_path, vault_pass):
     assert nccl["k26_pcie_ipc_allreduce"] is True and nccl["k26_nccl_p2p"] == "auto"
 
 
-def test_the_readme_shows_the_production_command_line_as_rendered(tmp_path, vault_pass):
+def test_the_operations_doc_shows_the_production_command_line_as_rendered(tmp_path, vault_pass):
     unit = render("production", tmp_path, vault_pass)["k26-gpu-01.service"]
     rendered = "ExecStart=" + unit.split("ExecStart=", 1)[1].split("\nRestart=", 1)[0]
-    assert f"```\n{rendered}\n```" in (ROOT / "README.md").read_text()
+    assert f"```\n{rendered}\n```" in (ROOT / "docs/operations.md").read_text()
 
 
 def test_production_dflash_fallback_drops_exactly_the_two_ddtree_flags_and_the_overlap_switch(tmp_path, vault_pass):
@@ -477,13 +477,13 @@ def test_shared_defaults_are_defined_once_in_k26_defaults_and_every_role_depends
             seen[name] = path.parts[-3]
 
 
-def test_the_readme_lists_every_role_and_entry_point():
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("### Roles", 1)[1].split("\n## ", 1)[0]
+def test_the_layout_doc_lists_every_role_and_entry_point():
+    layout = (ROOT / "docs/layout.md").read_text()
+    table = layout.split("## Roles", 1)[1].split("\n# ", 1)[0]
     for role, entries in _argument_specs().items():
-        assert f"`{role}`" in table, f"README's role table lacks {role}"
+        assert f"`{role}`" in table, f"docs/layout.md's role table lacks {role}"
         for entry in entries:
-            assert f"`{entry}`" in table, f"README's role table lacks {role}.{entry}"
+            assert f"`{entry}`" in table, f"docs/layout.md's role table lacks {role}.{entry}"
 
 
 def test_operator_inputs_are_raw_where_they_are_validated_before_preflight():

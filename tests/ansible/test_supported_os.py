@@ -60,8 +60,8 @@ def test_the_production_lock_is_for_debian_12s_python():
 
 
 def test_the_readme_names_the_supported_os():
-    readme = (ROOT / "README.md").read_text()
-    assert "### Supported OS" in readme and k26_inputs.SUPPORTED_OS["name"] in readme
+    readme = (ROOT / "docs/operations.md").read_text()
+    assert "## Supported OS" in readme and k26_inputs.SUPPORTED_OS["name"] in readme
 
 
 def test_every_play_of_a_gateway_monitor_or_grafana_host_checks_its_os_first():

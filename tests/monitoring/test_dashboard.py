@@ -30,7 +30,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def sglang_exports() -> set[str]:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/monitoring.md").read_text()
     section = readme.split("**SGLang 0.5.23's metrics the rules and the dashboard read**", 1)[1].split("\n\n", 1)[0]
     return set(re.findall(r"`(sglang:[a-z_:]+)`", section))
 

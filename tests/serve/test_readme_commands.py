@@ -1,5 +1,6 @@
-"""The README's shell blocks: each one says where its commands run (a test, or the real host only),
-and the reference engine's block runs here as written (a free port, a scratch folder)."""
+"""The shell blocks of the README and every doc: each one says where its commands run (a test, or the real host
+only), and the reference engine's block (docs/reference-engine.md) runs here as written (a free port, a scratch
+folder)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import httpx
 from .conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+REFERENCE = (ROOT / "docs/reference-engine.md").read_text()
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKED = re.compile(r"<!-- commands (tested: (?P<tests>[^>]*?)|real host only[^>]*?) -->\n```bash\n", re.S)
 
 
 def test_every_shell_block_says_where_its_commands_run():
-    for name, text in (("README.md", README), ("docs/runbook.md", (ROOT / "docs/runbook.md").read_text())):
+    for name, text in ((p.relative_to(ROOT), p.read_text()) for p in DOCS if "```bash\n" in p.read_text()):
         blocks = text.count("```bash\n")
         marked = list(MARKED.finditer(text))
         assert blocks == len(marked) > 0, f"a ```bash block of {name} lacks its <!-- commands ... --> line"
@@ -31,8 +33,9 @@ def test_every_shell_block_says_where_its_commands_run():
 
 
 def reference_block() -> str:
-    found = re.search(r"<!-- commands tested: tests/serve/test_readme_commands.py -->\n```bash\n(.*?)```", README, re.S)
-    assert found, "README.md has no reference engine block"
+    found = re.search(r"<!-- commands tested: tests/serve/test_readme_commands.py -->\n```bash\n(.*?)```", REFERENCE,
+                      re.S)
+    assert found, "docs/reference-engine.md has no reference engine block"
     return found.group(1)
 
 

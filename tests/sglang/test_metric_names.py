@@ -1,4 +1,4 @@
-"""The README's list of SGLang 0.5.23's metrics that the alert rules and the dashboard read (issue 49), checked
+"""docs/monitoring.md's list of SGLang 0.5.23's metrics that the alert rules and the dashboard read (issue 49), checked
 against the pinned package's own metric definitions (this lane runs in the pinned SGLang's venv)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def defined() -> dict[str, str]:
 
 
 def listed() -> set[str]:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/monitoring.md").read_text()
     section = readme.split("**SGLang 0.5.23's metrics the rules and the dashboard read**", 1)[1].split("\n\n", 1)[0]
     return set(re.findall(r"`(sglang:[a-z_:]+)`", section))
 
@@ -34,7 +34,7 @@ def test_every_listed_metric_is_one_the_pinned_sglang_defines():
     names = listed()
     assert "sglang:time_to_first_token_seconds" in names and "sglang:http_responses_total" in names
     missing = names - set(found)
-    assert not missing, f"the README lists metrics SGLang 0.5.23 does not define: {missing}"
+    assert not missing, f"docs/monitoring.md lists metrics SGLang 0.5.23 does not define: {missing}"
     assert found["sglang:time_to_first_token_seconds"] == "Histogram" and found["sglang:token_usage"] == "Gauge"
 
 

@@ -40,7 +40,7 @@ Authorization header is passed on to the worker unchanged; a client without one 
 registered key injected - so smg must check clients itself (client_keys), and the workers check
 again. A request gets through when smg accepts its key AND the worker does: a rotation moves the
 workers (k26_api_key, k26_api_key_previous) host by host and keeps client_keys as they are when
-they already list the next key (README: key rotation).
+they already list the next key (docs/gateway.md: key rotation).
     health: {interval_secs: 10, failure_threshold: 3, success_threshold: 2, timeout_secs: 5,
              endpoint: /health}
     request_timeout_secs: 1800
@@ -428,7 +428,7 @@ class Pool:
             if not authorized(url, self.cfg.api_key):
                 raise TimeoutError(f"{url} refuses the gateway's key (GET /v1/models answers {key_status(url, self.cfg.api_key)}): "
                                    "the host's k26_api_key differs from the api_key in the gateway's file; deploy the "
-                                   "gateway with the host's key (playbooks: the key rotation in the README)") from None
+                                   "gateway with the host's key (playbooks: the key rotation in docs/gateway.md)") from None
             raise
         self.forget_out(url)
         return f"{url} in the pool"

@@ -680,7 +680,7 @@ def k26_unit_value(value) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", " ", str(value))
 
 
-# The one supported production OS (README, "Supported OS"): NVIDIA packages CUDA 13 and the R580 open kernel modules
+# The one supported production OS (docs/operations.md, "Supported OS"): NVIDIA packages CUDA 13 and the R580 open kernel modules
 # the RTX PRO 6000 needs for it, requirements/sglang.lock is resolved for its CPython 3.11, the monitoring packages
 # are pinned to its archive's versions, and the sandbox runs it, so everything but the GPUs is tested on it here.
 SUPPORTED_OS = {"ID": "debian", "VERSION_ID": "12", "name": "Debian 12 (bookworm)"}
@@ -706,7 +706,7 @@ def k26_os_refusal(os_release_text: str, host: str = "the host") -> str:
     return (f"{host} runs {found}; k26-ddtree supports {SUPPORTED_OS['name']} only (ID={SUPPORTED_OS['ID']}, "
             f"VERSION_ID={SUPPORTED_OS['VERSION_ID']} in /etc/os-release): its Python 3.11 is the one "
             "requirements/sglang.lock was resolved for and its archive has the pinned monitoring packages. "
-            "Install Debian 12 on the host (README, \"Supported OS\")")
+            "Install Debian 12 on the host (docs/operations.md, \"Supported OS\")")
 
 
 def _host_address(hostvars, host: str) -> str:

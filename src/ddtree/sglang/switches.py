@@ -8,7 +8,7 @@ hooks and refusals, the worker's __init__ (which keeps the object for its decode
 
 Three of them carry the server's own flags to SGLang's spawned scheduler processes (the budget, the cap and
 the draft's block, written by the plugin's start-up hooks: settings.schedule_to_env / block_to_env); they are
-read as text here and parsed by ddtree.sglang.server_env, whose messages name the flag. The README's table of
+read as text here and parsed by ddtree.sglang.server_env, whose messages name the flag. docs/plugin.md's table of
 switches and the Ansible input filter's test-bed-only list are checked against SWITCHES
 (tests/unit/test_switches.py).
 """
@@ -169,7 +169,7 @@ def read(environ: Mapping[str, str] | None = None) -> Switches:
 
 
 def table() -> str:
-    """The README's table of switches (tests/unit/test_switches.py holds the README to it): `python -m
+    """docs/plugin.md's table of switches (tests/unit/test_switches.py holds it to the registry): `python -m
     ddtree.sglang.switches` prints it."""
     rows = ["| variable | takes | unset means | what it does |", "|---|---|---|---|"]
     for s in SWITCHES:
