@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT, load_filters, load_k26_inputs
+from .conftest import ROOT, load_filters
 from .test_static import render
 
-k26_inputs = load_k26_inputs()
+k26_firewall = load_filters("k26_firewall")
 
 
 def nft() -> str:
@@ -33,10 +33,10 @@ def test_the_peers_are_the_host_the_gateways_the_monitors_and_the_allowed_networ
     hostvars = {"gpu-1": {"ansible_host": "10.0.0.11"}, "gpu-2": {"ansible_host": "10.0.0.12"},
                 "gw": {"ansible_host": "10.0.0.2", "k26_monitor_address": "10.1.0.2"}, "mon": {"ansible_host": "fd00::5"}}
     groups = {"k26": ["gpu-1", "gpu-2"], "k26_gateway": ["gw"], "k26_monitor": ["mon", "gw"]}
-    peers = k26_inputs.k26_firewall_peers(hostvars, groups, "gpu-1", ["192.0.2.0/24"])
+    peers = k26_firewall.k26_firewall_peers(hostvars, groups, "gpu-1", ["192.0.2.0/24"])
     assert peers == {"ipv4": ["127.0.0.1", "10.0.0.11", "10.1.0.2", "192.0.2.0/24"], "ipv6": ["::1", "fd00::5"],
                      "invalid": []}          # gpu-2 is not a peer of gpu-1; the gateway by its monitor address, once
-    named = k26_inputs.k26_firewall_peers({"gpu-1": {"ansible_host": "gpu-1.example"}}, {}, "gpu-1", ["clients"])
+    named = k26_firewall.k26_firewall_peers({"gpu-1": {"ansible_host": "gpu-1.example"}}, {}, "gpu-1", ["clients"])
     assert named["invalid"] == ["gpu-1: gpu-1.example", "k26_firewall_allow: clients"]
 
 

@@ -8,10 +8,12 @@ import re
 import pytest
 import yaml
 
-from .conftest import ROOT, load_k26_inputs
+from .conftest import ROOT, load_filters, load_k26_inputs
 
 SPEC = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["_preflight_inputs"]
 k26_inputs = load_k26_inputs()
+quoting, folders = load_filters("k26_quoting"), load_filters("k26_folders")
+snapshot, sglang_args = load_filters("k26_snapshot"), load_filters("k26_sglang_args")
 
 # (variable, malformed value, what the message must say): strings, numbers, lists and maps
 MALFORMED = [
@@ -266,7 +268,7 @@ def test_the_playbook_templates_quote_or_cast_what_they_paste_into_command_lines
     assert "k26_cuda_major | int" in nvcc and not re.search(r"\{\{ *k26_cuda_major *\}\}\"", nvcc)
     unit = (ROOT / "templates/etc/systemd/system/k26-ddtree.service.j2").read_text()
     assert "DeviceAllow={{ device | k26_unit_value }}" in unit
-    assert k26_inputs.k26_unit_value("char-x rw\nExecStartPre=/bin/sh") == "char-x rw ExecStartPre=/bin/sh"
+    assert quoting.k26_unit_value("char-x rw\nExecStartPre=/bin/sh") == "char-x rw ExecStartPre=/bin/sh"
 
 
 def test_a_sweep_without_references_and_a_short_health_wait_pass():
@@ -300,7 +302,7 @@ def test_a_folder_of_another_program_is_refused_and_the_projects_own_pass():
         "k26_config_dir": ({"exists": True, "isdir": True, "path": "/etc/k26", "pw_name": "root"}, []),
         "k26_rollback_dir": ({"exists": False, "path": "/var/lib/k26-rollback"}, []),
     })
-    assert k26_inputs.k26_foreign_folders(*own, "k26") == []
+    assert folders.k26_foreign_folders(*own, "k26") == []
     foreign = folder_results({
         "k26_prefix": ({"exists": True, "isdir": True, "path": "/opt/nvidia", "pw_name": "root"}, ["bin", "lib"]),
         "k26_state_dir": ({"exists": True, "isdir": True, "path": "/var/lib/postgresql", "pw_name": "postgres"},
@@ -309,7 +311,7 @@ def test_a_folder_of_another_program_is_refused_and_the_projects_own_pass():
         "k26_rollback_dir": ({"exists": True, "isdir": True, "path": "/srv/backup", "pw_name": "root"},
                              [f"f{i}" for i in range(9)]),
     })
-    said = k26_inputs.k26_foreign_folders(*foreign, "k26")
+    said = folders.k26_foreign_folders(*foreign, "k26")
     assert len(said) == 4, said
     assert said[0].startswith("k26_prefix=/opt/nvidia is a folder of this host that is not the project's (owner root, "
                               "2 entries: bin, lib)") and "the default /opt/k26" in said[0]
@@ -319,7 +321,7 @@ def test_a_folder_of_another_program_is_refused_and_the_projects_own_pass():
     # the state folder of an earlier deploy (owned by the service user) passes whatever it holds; root's does not
     stranger = folder_results({"k26_state_dir": ({"exists": True, "isdir": True, "path": "/srv/k26",
                                                   "pw_name": "root"}, ["data"])})
-    assert k26_inputs.k26_foreign_folders(*stranger, "k26") != []
+    assert folders.k26_foreign_folders(*stranger, "k26") != []
 
 
 def test_a_gateway_hosts_folders_are_judged_the_same_way():
@@ -331,13 +333,13 @@ def test_a_gateway_hosts_folders_are_judged_the_same_way():
         "k26_gateway_config_dir": ({"exists": True, "isdir": True, "path": "/etc/k26-gateway", "pw_name": "root"},
                                    ["gateway.yaml", "worker.key"]),
     })
-    assert k26_inputs.k26_foreign_folders(*own, "k26gw") == []
+    assert folders.k26_foreign_folders(*own, "k26gw") == []
     foreign = folder_results({
         "k26_gateway_prefix": ({"exists": True, "isdir": True, "path": "/opt/nginx", "pw_name": "root"}, ["sbin", "conf"]),
         "k26_gateway_config_dir": ({"exists": True, "isdir": True, "path": "/etc/ssl", "pw_name": "root"},
                                    ["certs", "private"]),
     })
-    said = k26_inputs.k26_foreign_folders(*foreign, "k26gw")
+    said = folders.k26_foreign_folders(*foreign, "k26gw")
     assert len(said) == 2 and "k26_gateway_prefix=/opt/nginx" in said[0] and "the default /opt/k26-gateway" in said[0]
     assert "k26_gateway_config_dir=/etc/ssl" in said[1] and "the default /etc/k26-gateway" in said[1]
 
@@ -369,7 +371,7 @@ DeviceAllow=/dev/nvidiactl rw
 def test_a_snapshots_unit_and_env_read_back_into_the_inputs_a_deploy_gives():
     """Issue 48: a snapshot is checked by the deploy's rules through the variables its unit and env file stand for."""
     env = 'HOME=/var/lib/k26\nPATH=/opt/k26/venv/bin:/usr/bin\n# a comment\nNCCL_DEBUG=WARN\nNCCL_DEBUG_SUBSYS="INIT ENV"\n'
-    got = k26_inputs.k26_snapshot_inputs(SNAPSHOT_UNIT, env)
+    got = snapshot.k26_snapshot_inputs(SNAPSHOT_UNIT, env)
     assert got == {"k26_user": "k26", "k26_group": "k26", "k26_state_dir": "/var/lib/k26",
                    "k26_device_allow": ["char-nvidia-uvm rw", "/dev/nvidiactl rw"],
                    "k26_model_path": "/srv/models/k26", "k26_served_model_name": "kimi-k2.6",
@@ -379,17 +381,17 @@ def test_a_snapshots_unit_and_env_read_back_into_the_inputs_a_deploy_gives():
                    "k26_service_env": {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "INIT ENV"}}
     assert k26_inputs.k26_input_errors(got, SPEC) == []
     rule = SPEC["k26_extra_args"]
-    assert k26_inputs.k26_sglang_arg_errors(got["k26_extra_args"], rule) == []
+    assert sglang_args.k26_sglang_arg_errors(got["k26_extra_args"], rule) == []
     # a second --tp, another config file, a loader variable and a device outside the NVIDIA set are each refused
     edited = (SNAPSHOT_UNIT.replace("--disable-radix-cache", "--disable-radix-cache --tp 1 --config /dev/null")
               .replace("DeviceAllow=char-nvidia-uvm rw", "DeviceAllow=/dev/sda rw"))
-    got = k26_inputs.k26_snapshot_inputs(edited, env + "LD_PRELOAD=/srv/x.so\n")
+    got = snapshot.k26_snapshot_inputs(edited, env + "LD_PRELOAD=/srv/x.so\n")
     assert got["k26_extra_args"][-2:] == ["--tp 1", "--config /dev/null"] and got["k26_config_dir"] == "/etc/k26"
     errors = " | ".join(k26_inputs.k26_input_errors(got, SPEC))
     for said in ("k26_device_allow=", "LD_PRELOAD is not an allowed name", "k26_extra_args="):
         assert said in errors, errors
     assert "/srv/x.so" not in errors
-    said = " | ".join(k26_inputs.k26_sglang_arg_errors(got["k26_extra_args"], rule))
+    said = " | ".join(sglang_args.k26_sglang_arg_errors(got["k26_extra_args"], rule))
     assert "SGLang reads it as --tp-size" in said or "SGLang reads it as --tensor-parallel-size" in said, said
 
 
@@ -398,11 +400,22 @@ def test_a_snapshots_code_running_and_random_weight_options_read_back_into_their
     is judged (and warned about) as a deploy of them would be; the same options among the extra args are refused."""
     unit = SNAPSHOT_UNIT.replace("    --tp 8 \\\n", "    --tp 8 \\\n    --enable-custom-logit-processor \\\n"
                                  "    --load-format dummy \\\n")
-    got = k26_inputs.k26_snapshot_inputs(unit, "")
+    got = snapshot.k26_snapshot_inputs(unit, "")
     assert got["k26_custom_logit_processors"] is True and got["k26_load_format"] == "dummy"
     assert got["k26_extra_args"] == ["--mem-fraction-static 0.85", "--disable-radix-cache"]
     assert k26_inputs.k26_input_errors(got, SPEC) == []
     late = SNAPSHOT_UNIT.replace("--disable-radix-cache", "--disable-radix-cache --load-format dummy")
-    said = " | ".join(k26_inputs.k26_sglang_arg_errors(k26_inputs.k26_snapshot_inputs(late, "")["k26_extra_args"],
+    said = " | ".join(sglang_args.k26_sglang_arg_errors(snapshot.k26_snapshot_inputs(late, "")["k26_extra_args"],
                                                        SPEC["k26_extra_args"]))
     assert "roles set from k26_load_format" in said, said
+
+
+def test_the_split_modules_hold_their_shared_facts_equal():
+    """Issue 73: k26_inputs split by concern; what two of them must agree on is held here. The quoting's plain word is
+    the validators' (a value preflight takes renders unquoted); the snapshot reader skips exactly the names the env
+    template writes (and an old env file's key), each refused in k26_service_env as owned."""
+    assert quoting.SAFE_WORD.pattern == k26_inputs.SAFE_WORD.pattern
+    template = (ROOT / "templates/etc/k26/k26-ddtree.env.j2").read_text()
+    written = set(re.findall(r"^([A-Z][A-Z0-9_]*)=", template, flags=re.M))
+    assert written <= snapshot.ENV_TEMPLATE_NAMES == written | {"K26_API_KEY"}
+    assert snapshot.ENV_TEMPLATE_NAMES <= set(SPEC["k26_service_env"]["owned"])

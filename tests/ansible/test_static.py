@@ -154,9 +154,16 @@ def test_the_code_running_and_random_weight_options_render_only_from_their_varia
     at = flags.index("--disable-overlap-schedule")
     assert flags[at + 1:at + 3] == ["--enable-custom-logit-processor", "--load-format dummy"], flags
     assert [f for f in flags if f not in flags[at + 1:at + 3]] == PRODUCTION_FLAGS
-    read = load_filters("k26_inputs").k26_snapshot_inputs(unit, files["k26-gpu-01.env"])
+    read = load_filters("k26_snapshot").k26_snapshot_inputs(unit, files["k26-gpu-01.env"])
     assert read["k26_custom_logit_processors"] is True and read["k26_load_format"] == "dummy"
     assert read["k26_extra_args"] == ["--tool-call-parser kimi_k2", "--reasoning-parser kimi_k2", "--watchdog-timeout 1800"]
+    # the one flag map (issue 73): every variable the template renders through it comes back as the render's value
+    flag_map = yaml.safe_load((ROOT / "templates/etc/systemd/system/k26-ddtree.flags.yml").read_text())
+    rendered = {f.split(" ", 1)[0]: f.split(" ", 1)[1] for f in flags if " " in f}
+    for name, flag in flag_map["valued"].items():
+        if flag in rendered:
+            assert read[name] == rendered[flag], (name, flag)
+    assert {"k26_model_path", "k26_ddtree_budget", "k26_tp_size", "k26_port", "k26_load_format"} <= set(read)
 
 
 def test_the_units_path_has_the_venvs_bin_first(tmp_path, vault_pass):

@@ -1,5 +1,5 @@
 """One supported production OS (issue 47, item 1): Debian 12. Preflight's first check refuses any other OS or
-release naming the supported one (roles/k26_defaults/filter_plugins/k26_inputs.py k26_os_refusal, read from the
+release naming the supported one (roles/k26_defaults/filter_plugins/k26_host_os.py k26_os_refusal, read from the
 host's /etc/os-release by roles/preflight/tasks/os.yml); the roles' metadata, the production lock's Python and the
 README say the same. The sandbox (Debian 12 too) runs the check for real on every deploy."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT, load_k26_inputs
+from .conftest import ROOT, load_filters
 
-k26_inputs = load_k26_inputs()
+k26_host_os = load_filters("k26_host_os")
 
 DEBIAN_12 = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n'
 OTHERS = {
@@ -25,17 +25,17 @@ OTHERS = {
 
 
 def test_debian_12_passes():
-    assert k26_inputs.k26_os_refusal(DEBIAN_12) == ""
+    assert k26_host_os.k26_os_refusal(DEBIAN_12) == ""
     # this machine and the sandbox run it: preflight passes here (tests/ansible/test_static.py's preflight cases)
-    assert k26_inputs.k26_os_refusal(Path("/etc/os-release").read_text()) == ""
+    assert k26_host_os.k26_os_refusal(Path("/etc/os-release").read_text()) == ""
 
 
 @pytest.mark.parametrize("name", OTHERS)
 def test_another_os_or_release_is_refused_naming_what_is_supported(name):
-    message = k26_inputs.k26_os_refusal(OTHERS[name], "gpu-01")
+    message = k26_host_os.k26_os_refusal(OTHERS[name], "gpu-01")
     assert message.startswith("gpu-01 runs ")
     assert "supports Debian 12 (bookworm) only" in message and "Install Debian 12" in message
-    fields = k26_inputs._os_release(OTHERS[name])
+    fields = k26_host_os._os_release(OTHERS[name])
     found = fields.get("PRETTY_NAME") or " ".join(filter(None, (fields.get("ID"), fields.get("VERSION_ID"))))
     assert (found or "an OS without /etc/os-release fields") in message
 
@@ -61,7 +61,7 @@ def test_the_production_lock_is_for_debian_12s_python():
 
 def test_the_readme_names_the_supported_os():
     readme = (ROOT / "docs/operations.md").read_text()
-    assert "## Supported OS" in readme and k26_inputs.SUPPORTED_OS["name"] in readme
+    assert "## Supported OS" in readme and k26_host_os.SUPPORTED_OS["name"] in readme
 
 
 def test_every_play_of_a_gateway_monitor_or_grafana_host_checks_its_os_first():

@@ -19,14 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import sglang_flags  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("k26_inputs", ROOT / "roles/k26_defaults/filter_plugins/k26_inputs.py")
-k26_inputs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(k26_inputs)
+_spec = importlib.util.spec_from_file_location("k26_sglang_args",
+                                               ROOT / "roles/k26_defaults/filter_plugins/k26_sglang_args.py")
+k26_sglang_args = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(k26_sglang_args)
 RULE = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["_preflight_inputs"]["k26_extra_args"]
 
 
 def test_the_committed_table_is_this_sglangs_parser():
-    committed = json.loads(k26_inputs.SGLANG_FLAGS.read_text())
+    committed = json.loads(k26_sglang_args.SGLANG_FLAGS.read_text())
     assert committed == json.loads(sglang_flags.text(sglang_flags.table())), "run make sglang-flags after a bump"
 
 
@@ -57,8 +58,8 @@ def sglang_reading(words: list[str]) -> dict | str:
 
 def controller_reading(words: list[str]) -> dict | str:
     try:
-        return k26_inputs._given(words)  # noqa: SLF001
-    except k26_inputs._Refused as err:  # noqa: SLF001
+        return k26_sglang_args._given(words)  # noqa: SLF001
+    except k26_sglang_args._Refused as err:  # noqa: SLF001
         text = str(err)
         return f"unknown: {text.rsplit(' ', 1)[1]}" if "has no option" in text else f"error: {text}"
 
@@ -86,17 +87,17 @@ def test_the_controller_reads_each_list_as_sglang_does(words):
                                        ("--admin-api-key A", "--admin-api-key"), ("--tp 8", "--tensor-parallel-size"),
                                        ("--speculative-algo NONE", "--speculative-algorithm"), ("--conf /x", "--config")])
 def test_an_option_the_roles_own_is_refused_however_it_is_spelled(item, flag):
-    errors = k26_inputs.k26_sglang_arg_errors([item], RULE)
+    errors = k26_sglang_args.k26_sglang_arg_errors([item], RULE)
     assert len(errors) == 1 and flag in errors[0] and "set that variable" in errors[0], errors
 
 
 def test_options_on_the_allow_list_pass_in_any_spelling_sglang_takes():
-    assert k26_inputs.k26_sglang_arg_errors(["--mem-fraction-static 0.85", "--log-level=info", "--disable-radix-cache",
+    assert k26_sglang_args.k26_sglang_arg_errors(["--mem-fraction-static 0.85", "--log-level=info", "--disable-radix-cache",
                                              "--watchdog-time 1800", "--tool-call-parser kimi_k2"], RULE) == []
 
 
 def test_the_allow_list_names_only_sglangs_options_none_the_roles_own():
-    table = {s for o in json.loads(k26_inputs.SGLANG_FLAGS.read_text())["options"] for s in o["strings"]}
+    table = {s for o in json.loads(k26_sglang_args.SGLANG_FLAGS.read_text())["options"] for s in o["strings"]}
     assert set(RULE["allowed"]) <= table, set(RULE["allowed"]) - table
     owned = set(RULE["refused"]) | {f for f in table for p in RULE["refused_prefixes"] if f.startswith(p)}
     assert not set(RULE["allowed"]) & owned
@@ -115,5 +116,5 @@ def test_the_allow_list_names_only_sglangs_options_none_the_roles_own():
     ("--enable-custom-logit-processor", "k26_custom_logit_processors"),
 ])
 def test_an_option_off_the_allow_list_is_refused_naming_the_list_or_its_variable(item, said):
-    errors = k26_inputs.k26_sglang_arg_errors(["--tool-call-parser kimi_k2", item], RULE)
+    errors = k26_sglang_args.k26_sglang_arg_errors(["--tool-call-parser kimi_k2", item], RULE)
     assert len(errors) == 1 and said in errors[0] and "item 1" in errors[0], errors

@@ -1,11 +1,12 @@
-"""Every operator-set variable's rule, and the quoting of the values that reach systemd's files.
+"""Every operator-set variable's rule (the validators).
 
 Preflight's input checks: every operator-set variable that reaches the unit, the env file or a
-command, by type and pattern, each failure naming the variable, the value and the fix.
-The templates' second wall: `k26_exec_word` (one word of the unit's ExecStart) and
-`k26_env_value` (one value of an EnvironmentFile) quote by systemd's rules whatever is not a
-SAFE_WORD, the same pattern preflight holds values to. (In roles/k26_defaults: every role depends
-on it, so the filters are there for preflight's checks and the service role's templates alike.)
+command, by type and pattern, each failure naming the variable, the value and the fix. The other
+jobs live beside it, one module each: SGLang's argv (k26_sglang_args), systemd quoting
+(k26_quoting), the OS (k26_host_os), the firewall's peers (k26_firewall), redaction
+(k26_redaction), snapshot reading (k26_snapshot), the folders on the host (k26_folders), the rules
+between settings (k26_relations) and YAML 1.1's traps (k26_yaml). (In roles/k26_defaults: every
+role depends on it, so the filters are there for preflight's checks and the templates alike.)
 
 `{{ values | k26_input_errors(spec) }}` -> a list of messages (empty when all pass). `values` maps a
 variable name to its value (only variables the inventory, group vars or -e set; the roles' own
@@ -15,14 +16,9 @@ defaults are constants of this repository); `spec` is roles/preflight/vars/main.
 
 from __future__ import annotations
 
-import argparse
-import functools
 import ipaddress
-import json
 import os
 import re
-import shlex
-from pathlib import Path
 from collections.abc import Callable, Mapping
 
 # One word on a systemd command line or in an env file without quoting: no whitespace, quotes,
@@ -299,101 +295,6 @@ def _flag_owner(flag: str, rule: Mapping) -> str | None:
     return None
 
 
-# SGLang 0.5.23's own option table (tools/sglang_flags.py writes it from its parser; tests/sglang keeps it equal)
-SGLANG_FLAGS = Path(__file__).resolve().parents[1] / "files/sglang-flags.json"
-_UNSET = object()
-
-
-class _Refused(Exception):
-    pass
-
-
-class _SGLangParser(argparse.ArgumentParser):
-    """argparse as `sglang serve` builds it (the same option strings, dests, value counts and abbreviations),
-    raising where SGLang's would exit."""
-
-    def error(self, message):
-        raise _Refused(message)
-
-
-@functools.lru_cache(maxsize=1)
-def _sglang_parser() -> tuple[_SGLangParser, dict[str, str], str]:
-    table = json.loads(SGLANG_FLAGS.read_text())
-    parser = _SGLangParser(prog="sglang serve", add_help=False, allow_abbrev=table["allow_abbrev"])
-    flag_dest = {}
-    for option in table["options"]:
-        nargs = option["nargs"]
-        kwargs = {"dest": option["dest"], "default": _UNSET}
-        if nargs == 0:
-            kwargs.update(action="store_const", const=True)
-        elif nargs is not None:
-            kwargs["nargs"] = nargs
-        parser.add_argument(*option["strings"], **kwargs)
-        flag_dest.update({s: option["dest"] for s in option["strings"]})
-    return parser, flag_dest, table["sglang"]
-
-
-def _given(words: list[str]) -> dict[str, object]:
-    """The dests SGLang's parser sets from WORDS (its own prefix and `=` rules); raises _Refused like its errors."""
-    parser, _, version = _sglang_parser()
-    namespace, unknown = parser.parse_known_args(words)
-    if unknown:
-        raise _Refused(f"SGLang {version} has no option {unknown[0]}")
-    return {k: v for k, v in vars(namespace).items() if v is not _UNSET}
-
-
-def _dests_of(flags: Mapping, flag_dest: Mapping, prefixes: Mapping | None = None) -> dict[str, str]:
-    """SGLang's dest -> the text a rule gives for it, from flag -> text (and flag prefix -> text)."""
-    dests = {flag_dest[f]: text for f, text in flags.items() if f in flag_dest}
-    dests.update({d: text for prefix, text in (prefixes or {}).items() for f, d in flag_dest.items() if f.startswith(prefix)})
-    return dests
-
-
-def _item_errors(index: int, item: str, given: Mapping, owners: Mapping, allowed: Mapping, flag_dest: Mapping) -> list[str]:
-    """One item's options read by SGLang's parser (GIVEN: dest -> value) against the owned and the allowed options."""
-    errors = []
-    for dest in given:
-        flags = "/".join(f for f, d in flag_dest.items() if d == dest and f.startswith("--"))
-        if dest in owners:
-            errors.append(f"k26_extra_args item {index} ({item!r}): SGLang reads it as {flags}, which the roles set "
-                          f"from {owners[dest]}; set that variable, not k26_extra_args")
-        elif allowed is not None and dest not in allowed:
-            errors.append(f"k26_extra_args item {index} ({item!r}): SGLang reads it as {flags}, which is not on the "
-                          "list of options this service takes (k26_extra_args.allowed in roles/preflight/vars/main.yml, "
-                          "each with why: options that load code, log prompts or change the tested numerics are left "
-                          "out); drop it, or add it there with the reason and a test")
-    return errors
-
-
-def k26_sglang_arg_errors(args, rule: Mapping) -> list[str]:
-    """k26_extra_args read as `sglang serve` reads them: each item's words through SGLang 0.5.23's option table
-    (a prefix of a flag is that flag, `--flag=value` and a flag inside a value count), then all items together.
-    RULE is _preflight_inputs.k26_extra_args. Refused: an option SGLang does not have, one its parser refuses
-    (ambiguous, a missing value), any option whose dest a role sets (`refused`: flag -> the variable that sets it;
-    `refused_prefixes`), and any option off the allow-list (`allowed`: flag -> why; every option when it is absent)."""
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        return []                                      # _args names the shape
-    _, flag_dest, version = _sglang_parser()
-    owners = _dests_of(rule.get("refused") or {}, flag_dest, rule.get("refused_prefixes"))
-    allowed = _dests_of(rule["allowed"], flag_dest) if "allowed" in rule else None
-    errors = []
-    for index, item in enumerate(args):
-        try:
-            given = _given(item.split())
-        except _Refused as err:
-            said = str(err) if len(str(err)) <= 240 else str(err)[:237] + "..."
-            errors.append(f"k26_extra_args item {index} ({item!r}): {said}; give options of SGLang {version}'s "
-                          "`sglang serve --help`")
-            continue
-        errors += _item_errors(index, item, given, owners, allowed, flag_dest)
-    if not errors:
-        try:
-            _given([w for item in args for w in item.split()])
-        except _Refused as err:
-            errors.append(f"k26_extra_args {args!r} read together: {err}")
-    return errors
-
-
 def _list(value, rule: Mapping) -> str | None:
     """A list of 1..max_items items (0.. with empty_ok), each passing the rule `item`."""
     if not isinstance(value, list) or (not value and not rule.get("empty_ok")):
@@ -438,8 +339,7 @@ def _env_name(name, rule: Mapping) -> str | None:
     if name in TEST_BED_ONLY:
         return (f"{name} is a GPU test bed diagnostic (a deliberate fault or a per-step dump: wrong or slow "
                 "answers); remove it from k26_service_env")
-    owner = (rule.get("owned") or {}).get(name) or ("the env template (the roles write it)"
-                                                    if name in ENV_TEMPLATE_NAMES else None)
+    owner = (rule.get("owned") or {}).get(name)
     if owner:
         return f"{name} is set by the roles from {owner}; set that, not k26_service_env"
     if name in _env_libraries(rule):
@@ -652,292 +552,6 @@ def k26_input_errors(values: Mapping, spec: Mapping) -> list[str]:
     return errors
 
 
-def _quoted(text: str) -> str:
-    """systemd's double-quoted word: backslash and quote escaped, control characters to spaces."""
-    body = text.replace("\\", "\\\\").replace('"', '\\"')
-    return '"' + re.sub(r"[\x00-\x1f]", " ", body) + '"'
-
-
-def k26_exec_word(value) -> str:
-    """One word of ExecStart: as it is when a SAFE_WORD, else quoted with `%` and `$` doubled
-    (systemd expands specifiers and variables on command lines)."""
-    text = str(value)
-    if SAFE_WORD.fullmatch(text):
-        return text
-    return _quoted(text.replace("%", "%%").replace("$", "$$"))
-
-
-def k26_env_value(value) -> str:
-    """One value of an EnvironmentFile: as it is when empty or a SAFE_WORD, else quoted (an
-    EnvironmentFile expands neither specifiers nor variables)."""
-    text = str(value)
-    return text if text == "" or SAFE_WORD.fullmatch(text) else _quoted(text)
-
-
-def k26_unit_value(value) -> str:
-    """The value of a unit directive that takes its own syntax (DeviceAllow=): control characters
-    become spaces, so a value cannot end the line and add a directive."""
-    return re.sub(r"[\x00-\x1f\x7f]", " ", str(value))
-
-
-# The one supported production OS (docs/operations.md, "Supported OS"): NVIDIA packages CUDA 13 and the R580 open kernel modules
-# the RTX PRO 6000 needs for it, requirements/sglang.lock is resolved for its CPython 3.11, the monitoring packages
-# are pinned to its archive's versions, and the sandbox runs it, so everything but the GPUs is tested on it here.
-SUPPORTED_OS = {"ID": "debian", "VERSION_ID": "12", "name": "Debian 12 (bookworm)"}
-
-
-def _os_release(text: str) -> dict[str, str]:
-    """os-release(5) KEY=value lines (values optionally quoted) as a dict."""
-    fields = {}
-    for line in str(text).splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and key and not key.startswith("#"):
-            fields[key] = value.strip().strip("'\"")
-    return fields
-
-
-def k26_os_refusal(os_release_text: str, host: str = "the host") -> str:
-    """The refusal for a host whose /etc/os-release is not SUPPORTED_OS's, naming both; "" when it is."""
-    fields = _os_release(os_release_text)
-    if fields.get("ID") == SUPPORTED_OS["ID"] and fields.get("VERSION_ID") == SUPPORTED_OS["VERSION_ID"]:
-        return ""
-    found = fields.get("PRETTY_NAME") or " ".join(filter(None, (fields.get("ID"), fields.get("VERSION_ID")))) \
-        or "an OS without /etc/os-release fields"
-    return (f"{host} runs {found}; k26-ddtree supports {SUPPORTED_OS['name']} only (ID={SUPPORTED_OS['ID']}, "
-            f"VERSION_ID={SUPPORTED_OS['VERSION_ID']} in /etc/os-release): its Python 3.11 is the one "
-            "requirements/sglang.lock was resolved for and its archive has the pinned monitoring packages. "
-            "Install Debian 12 on the host (docs/operations.md, \"Supported OS\")")
-
-
-def _host_address(hostvars, host: str) -> str:
-    values = hostvars[host]
-    for name in ("k26_monitor_address", "ansible_host"):
-        if name in values and str(values[name]).strip():
-            return str(values[name]).strip()
-    return host
-
-
-def k26_firewall_peers(hostvars, groups: Mapping, host: str, extra=()) -> dict:
-    """Who may reach a server host's service and node-exporter ports when k26_firewall is on: the host itself
-    (loopback and its own address), the gateway hosts, the monitor hosts (their k26_monitor_address, else
-    ansible_host, else the inventory name) and k26_firewall_allow. -> {"ipv4": [...], "ipv6": [...],
-    "invalid": ["NAME: VALUE", ...]}: nftables takes addresses and networks only, so a DNS name is invalid."""
-    named = [(host, _host_address(hostvars, host))]
-    for group in ("k26_gateway", "k26_monitor"):
-        named += [(h, _host_address(hostvars, h)) for h in groups.get(group, [])]
-    named += [("k26_firewall_allow", str(value).strip()) for value in (extra or [])]
-    out = {"ipv4": ["127.0.0.1"], "ipv6": ["::1"], "invalid": []}
-    for name, value in named:
-        try:
-            network = ipaddress.ip_network(value, strict=False)
-        except ValueError:
-            out["invalid"].append(f"{name}: {value}")
-            continue
-        family = out["ipv4" if network.version == 4 else "ipv6"]
-        text = str(network.network_address) if network.num_addresses == 1 else str(network)
-        if text not in family:
-            family.append(text)
-    return out
-
-
-# A snapshot's env files are committed to git: each line NAME=VALUE keeps its name; its value is redacted when the
-# name sounds secret or the value has a secret's shape (issue 48: redaction by name alone missed a token under a
-# plain name). Shapes: a URL's user password, a password / token / key query parameter, a hub, cloud, chat or
-# provider token's known prefix, and any long unbroken run of base64 or hex (32+ characters).
-SECRET_NAME = re.compile(r"[A-Za-z0-9_]*(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|PRIVATE|DSN|COOKIE|SESSION)[A-Za-z0-9_]*",
-                         re.IGNORECASE)
-ENV_NAME_ANY = re.compile(r"(export\s+)?[A-Za-z_][A-Za-z0-9_]*")
-SECRET_SHAPES = (
-    (re.compile(r"(://[^:/@\s\"']*):[^@\s\"']*@"), r"\1:<redacted>@"),
-    (re.compile(r"(?i)([?&;](?:password|passwd|pwd|token|access_token|api[_-]?key|secret|sig|signature)=)[^&;\s\"']+"),
-     r"\1<redacted>"),
-    (re.compile(r"\b(?:hf_|gh[pousr]_|github_pat_|glpat-|sk-|sk_live_|rk_live_|xox[abprs]-|AKIA|ASIA|AIza|ya29\.)"
-                r"[A-Za-z0-9_\-.]{8,}"), "<redacted>"),
-    # a long unbroken run with letters and digits, not a path's part (a release folder is named by a digest and the
-    # restore needs PATH as it was): a key or token standing alone as the value or a parameter's value
-    (re.compile(r"(?<![A-Za-z0-9+=_/.-])(?=[A-Za-z0-9+=_-]*[0-9])(?=[A-Za-z0-9+=_-]*[A-Za-z])[A-Za-z0-9+=_-]{32,}"
-                r"(?![A-Za-z0-9+=_/.-])"), "<redacted>"),
-)
-
-
-def k26_redact(text) -> str:
-    """TEXT (an env file) with every secret value replaced by <redacted>, by its name or by its shape."""
-    out = []
-    for line in str(text).splitlines(keepends=True):
-        name, sep, value = line.partition("=")
-        assignment = bool(sep) and ENV_NAME_ANY.fullmatch(name.strip()) is not None
-        if assignment and SECRET_NAME.fullmatch(name.strip().split()[-1]):
-            out.append(f"{name}=<redacted>" + ("\n" if line.endswith("\n") else ""))
-            continue
-        head, value = (name + "=", value) if assignment else ("", line)
-        for pattern, replacement in SECRET_SHAPES:
-            value = pattern.sub(replacement, value)
-        out.append(head + value)
-    return "".join(out)
-
-
-# Folder trees root runs programs or reads its configuration from: a folder the service user writes to may not be
-# inside one (it would change what root runs), nor hold one (issue 48: k26_state_dir under dist-packages, k26_prefix
-# under the state folder)
-ROOT_TREES = ("/usr", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-
-
-# A snapshot's unit and env file back into the inputs a deploy would have given (issue 48: a restored snapshot goes
-# through the same rules as a deploy). The unit template renders these flags from these variables, then the flags it
-# renders from no variable, then k26_extra_args; the env template writes its own names, then k26_service_env.
-UNIT_FLAGS = {"--model-path": "k26_model_path", "--served-model-name": "k26_served_model_name",
-              "--speculative-algorithm": "k26_speculative_algorithm",
-              "--speculative-draft-model-path": "k26_draft_model_path",
-              "--speculative-dflash-block-size": "k26_dflash_block_size",
-              "--speculative-ddtree-budget": "k26_ddtree_budget", "--speculative-ddtree-topk-cap": "k26_ddtree_topk_cap",
-              "--cuda-graph-max-bs-decode": "k26_cuda_graph_max_bs", "--tp": "k26_tp_size",
-              "--attention-backend": "k26_attention_backend", "--max-running-requests": "k26_max_running_requests",
-              "--host": "k26_host", "--port": "k26_port", "--device": "k26_reference_device",
-              "--dtype": "k26_reference_dtype", "--graceful-timeout": "k26_drain_timeout",
-              "--load-format": "k26_load_format"}
-UNIT_SWITCHES = {"--enable-custom-logit-processor": "k26_custom_logit_processors"}   # a flag alone: the variable true
-UNIT_FIXED = {("--trust-remote-code",), ("--enable-metrics",), ("--disable-overlap-schedule",),
-              ("--cuda-graph-backend-decode", "disabled")}
-UNIT_DIRECTIVES = {"User": "k26_user", "Group": "k26_group", "WorkingDirectory": "k26_state_dir"}
-ENV_TEMPLATE_NAMES = {"HOME", "PATH", "SGLANG_CACHE_DIR", "HF_HOME", "TRITON_CACHE_DIR", "K26_API_KEY", "K26_URL"}
-
-
-def _unit_words(text: str) -> list[str]:
-    """ExecStart's words (continuation lines joined, systemd's quoting and %% / $$ undone)."""
-    lines, found = [], False
-    for line in text.splitlines():
-        if line.startswith("ExecStart="):
-            found, line = True, line[len("ExecStart="):]
-        elif not found:
-            continue
-        lines.append(line.rstrip().removesuffix("\\"))
-        if not line.rstrip().endswith("\\"):
-            break
-    words = shlex.split(" ".join(lines), posix=True)
-    return [w.replace("%%", "%").replace("$$", "$") for w in words]
-
-
-def _unit_args(words: list[str]) -> tuple[dict, list[str]]:
-    """(the variables the template's own flags give, the k26_extra_args items) of ExecStart's words after the exe.
-    Everything from the first word the template does not render on is an extra arg (a template flag given twice too:
-    the args rule refuses it)."""
-    values: dict = {}
-    extra: list[str] = []
-    index = 0
-    while index < len(words):
-        word = words[index]
-        following = words[index + 1] if index + 1 < len(words) else None
-        takes_value = following is not None and not following.startswith("--")
-        ours = not extra
-        if ours and (word, following) in UNIT_FIXED:
-            index += 2
-        elif ours and (word,) in UNIT_FIXED:
-            index += 1
-        elif ours and not takes_value and UNIT_SWITCHES.get(word) and UNIT_SWITCHES[word] not in values:
-            values[UNIT_SWITCHES[word]] = True
-            index += 1
-        elif ours and takes_value and UNIT_FLAGS.get(word) and UNIT_FLAGS[word] not in values:
-            values[UNIT_FLAGS[word]] = following
-            index += 2
-        elif (ours and takes_value and word == "--config" and "k26_config_dir" not in values
-              and following.endswith("/k26-ddtree.yaml")):
-            values["k26_config_dir"] = following[:-len("/k26-ddtree.yaml")]
-            index += 2
-        else:
-            extra.append(f"{word} {following}" if takes_value else word)
-            index += 2 if takes_value else 1
-    return values, extra
-
-
-def k26_snapshot_inputs(unit_text, env_text) -> dict:
-    """The inputs a snapshot's unit (UNIT_TEXT) and env file (ENV_TEXT, its redacted lines filled) stand for."""
-    values: dict = {}
-    for line in str(unit_text).splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key in UNIT_DIRECTIVES:
-            values[UNIT_DIRECTIVES[key]] = value.strip()
-        elif sep and key == "DeviceAllow":
-            values.setdefault("k26_device_allow", []).append(value.strip())
-    words = _unit_words(str(unit_text))
-    start = 2 if len(words) > 1 and words[1] == "serve" else 1
-    values["k26_server_kind"] = "sglang" if start == 2 else "reference"
-    flags, extra = _unit_args(words[start:])
-    values.update(flags)
-    values["k26_extra_args"] = extra
-    env = {}
-    for line in str(env_text).splitlines():
-        name, sep, value = line.partition("=")
-        if not sep or line.lstrip().startswith("#") or name in ENV_TEMPLATE_NAMES:
-            continue
-        env[name] = shlex.split(value)[0] if value.startswith('"') else value
-    values["k26_service_env"] = env
-    return values
-
-
-# What the roles write into each folder the project owns: an existing folder holding one of these (with root or the
-# service user as its owner) is already the project's (issue 48); so is an empty one, and the state folder when the
-# service user owns it. Anything else is another program's folder named by mistake.
-FOLDER_SIGNS = {
-    "k26_prefix": ("releases", "current", "wheelhouse", "venv", "wheels", "requirements.txt"),
-    "k26_state_dir": ("cache", "gpu-host-report.json"),
-    "k26_config_dir": ("k26-ddtree.env", "k26-ddtree.yaml", "gpu-host.env"),
-    "k26_rollback_dir": ("state", "k26-ddtree.service", "k26-ddtree.env", "sweep-original", "validate-original",
-                         "before-snapshot-rollback", "sweep-in-progress", "validate-in-progress",
-                         "validate-prompts.json"),
-    # a gateway host's (the gateway role: smg's venvs, the tool, the pool record; its file, worker key and TLS pair)
-    "k26_gateway_prefix": ("venv", "bin", "state", "wheelhouse"),
-    "k26_gateway_config_dir": ("gateway.yaml", "worker.key", "tls"),
-}
-FOLDER_DEFAULTS = {"k26_prefix": "/opt/k26", "k26_state_dir": "/var/lib/k26", "k26_config_dir": "/etc/k26",
-                   "k26_rollback_dir": "/var/lib/k26-rollback", "k26_gateway_prefix": "/opt/k26-gateway",
-                   "k26_gateway_config_dir": "/etc/k26-gateway"}
-
-
-def _foreign_folder(name: str, stat: Mapping, entries: list[str], service_user: str) -> str | None:
-    """Why the folder NAME points at (its stat, its top-level entries) is not the project's, or None."""
-    if not stat.get("exists"):
-        return None
-    path, owner = stat.get("path", "?"), stat.get("pw_name", "?")
-    if not stat.get("isdir"):
-        return f"{name}={path} exists and is not a folder"
-    if not entries:
-        return None
-    if owner in ("root", service_user) and (
-            set(entries) & set(FOLDER_SIGNS.get(name, ())) or (name == "k26_state_dir" and owner == service_user)):
-        return None
-    shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
-    count = f"{len(entries)} " + ("entry" if len(entries) == 1 else "entries")
-    return (f"{name}={path} is a folder of this host that is not the project's (owner {owner}, {count}: {shown}): the deploy would give it to the service user or write into it. Name a new folder "
-            f"(the default {FOLDER_DEFAULTS.get(name, 'of the role')}), or empty this one first")
-
-
-def k26_foreign_folders(stats: list, listings: list, service_user: str) -> list[str]:
-    """One message per folder the project owns that exists and is not the project's. STATS: a looped stat's results
-    over {name: path} items; LISTINGS: a looped find's results over those stat results (existing folders only)."""
-    entries = {r["item"]["item"]["key"]: [os.path.basename(f["path"]) for f in r.get("files", [])]
-               for r in listings if not r.get("skipped")}
-    messages = []
-    for result in stats:
-        name = result["item"]["key"]
-        why = _foreign_folder(name, result.get("stat", {}), entries.get(name, []), str(service_user))
-        if why and why not in messages:
-            messages.append(why)
-    return messages
-
-
-def k26_nested_trees(writable: str, root_owned: list) -> list[str]:
-    """The folders of ROOT_TREES + root_owned that `writable` lies inside of or holds (equal counts as both)."""
-    def inside(a: str, b: str) -> bool:
-        return (a.rstrip("/") + "/").startswith(b.rstrip("/") + "/")
-    w = str(writable)
-    return [t for t in (*ROOT_TREES, *(str(x) for x in root_owned if x)) if inside(w, t) or inside(t, w)]
-
-
 class FilterModule:
     def filters(self):
-        return {"k26_input_errors": k26_input_errors, "k26_sglang_arg_errors": k26_sglang_arg_errors,
-                "k26_redact": k26_redact, "k26_exec_word": k26_exec_word, "k26_env_value": k26_env_value,
-                "k26_unit_value": k26_unit_value, "k26_schedule_steps": k26_schedule_steps,
-                "k26_os_refusal": k26_os_refusal, "k26_firewall_peers": k26_firewall_peers,
-                "k26_nested_trees": k26_nested_trees, "k26_foreign_folders": k26_foreign_folders,
-                "k26_snapshot_inputs": k26_snapshot_inputs}
+        return {"k26_input_errors": k26_input_errors, "k26_schedule_steps": k26_schedule_steps}
