@@ -24,15 +24,8 @@ ROOT=${ROOT:-$SGLANG_TESTBED/enlarged}; BIG=${BIG:-/dev/shm/enlarged}; OUT=${OUT
 EXTRA_LAYERS=${EXTRA_LAYERS:-2}
 SERVERS=${SERVERS:-none,dflash,ddtree-b32-c8-graphs,ddtree-b7-c1-graphs,ddtree-auto-c8-graphs}
 t0=$(date +%s)
-if [ -n "${MARLIN_CACHE:-}" ] && ls "$MARLIN_CACHE"/marlin-jit.tgz.part* >/dev/null 2>&1; then
-  cat "$MARLIN_CACHE"/marlin-jit.tgz.part* | tar xz -C "$HOME" && echo "[enlarged] Marlin JIT cache unpacked"
-fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 \
-  | grep -vi warning || true
-if [ ! -f "$ROOT/pair/b8/draft/model.safetensors" ]; then
-  python3 bench/train_pair.py --out "$ROOT/pair" --size kimi-allexp --minutes "${TRAIN_MINUTES:-2}" --block-sizes 8 \
-    --prompts 32 --train-prompts 32 --device cuda | grep -E "held-out|steps in" || exit 1
-fi
+. bench/enlarged_common.sh
+enlarged_prepare enlarged || exit 1
 if [ -n "${POLICY_ONLY:-}" ]; then   # the width policy's tests alone, on the small pair (bf16 experts): a short job
   [ -d "$ROOT/plain/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/pair/b8" --out "$ROOT/plain" || exit 1
   echo "[enlarged] pair ready after $(( $(date +%s) - t0 )) s; the width policy's tests on it"

@@ -18,15 +18,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 ROOT=${ROOT:-$SGLANG_TESTBED/enlarged}; BIG=${BIG:-/dev/shm/big}; OUT=${OUT:-$ROOT/speed-out}; mkdir -p "$ROOT" "$OUT"
 CONFIGS=${CONFIGS:-none,dflash,ddtree-b8-c1-graphs,ddtree-b8-c4-graphs,ddtree-b16-c4-graphs,ddtree-b32-c8-graphs,ddtree-auto-c8-graphs}
 t0=$(date +%s)
-if [ -n "${MARLIN_CACHE:-}" ] && ls "$MARLIN_CACHE"/marlin-jit.tgz.part* >/dev/null 2>&1; then
-  cat "$MARLIN_CACHE"/marlin-jit.tgz.part* | tar xz -C "$HOME" && echo "[speed] Marlin JIT cache unpacked"
-fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 \
-  | grep -vi warning || true
-if [ ! -f "$ROOT/pair/train_prompts.json" ]; then
-  python3 bench/train_pair.py --out "$ROOT/pair" --size kimi-allexp --minutes "${TRAIN_MINUTES:-2}" --block-sizes 8 \
-    --prompts 32 --train-prompts 32 --device cuda | grep -E "held-out|steps in" || exit 1
-fi
+. bench/enlarged_common.sh
+enlarged_prepare speed || exit 1
 rm -rf /dev/shm/enlarged          # enlarged_pair.sh's 10-layer copy: /dev/shm is the machine's memory
 [ -f "$BIG/target/config.json" ] || python3 -m ddtree.reference.enlarge --pair "$ROOT/pair/b8" --out "$BIG" \
   --int4-experts --extra-layers "${EXTRA_LAYERS:-24}" || exit 1

@@ -8,6 +8,7 @@ also the models role's check of each k26_models dest).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -152,23 +153,31 @@ ROOT_FOLDERS = ("k26_prefix", "k26_venv", "k26_config_dir", "k26_rollback_root",
 WRITABLE_FOLDERS = {"k26_state_dir": "the server's user (k26_user) writes",
                     "/var/lib/k26-prometheus": "Prometheus (user prometheus) writes",
                     "/var/lib/k26-alertmanager": "Alertmanager (user prometheus) writes"}
+FOLDER_NAMES = (*ROOT_FOLDERS, "k26_state_dir")
 MONITOR_ONLY = ("/var/lib/k26-prometheus", "/var/lib/k26-alertmanager")   # the monitor host's StateDirectory= folders
 
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def k26_folder_values(values: Mapping) -> dict[str, str]:
-    """VALUES (the host's, names it lacks or leaves empty absent) completed with the roles' own literal defaults
-    (roles/*/defaults/main.yml, playbooks/vars/fleet.yml) for ROOT_FOLDERS and k26_state_dir: the check play loads no
-    other role's defaults, and a default that nests with a value set is as wrong as two values set."""
-    wanted = (*ROOT_FOLDERS, "k26_state_dir")
+@functools.lru_cache(maxsize=1)
+def _literal_folder_defaults() -> tuple[tuple[str, str], ...]:
+    """The roles' own literal defaults (roles/*/defaults/main.yml, playbooks/vars/fleet.yml) of ROOT_FOLDERS and
+    k26_state_dir, read once a process (the check play asks for every host)."""
     found: dict[str, str] = {}
     for path in [*sorted(ROOT.glob("roles/*/defaults/main.yml")), ROOT / "playbooks/vars/fleet.yml"]:
         for name, value in (yaml.safe_load(path.read_text()) or {}).items():
-            if name in wanted and isinstance(value, str) and "{{" not in value:
+            if name in FOLDER_NAMES and isinstance(value, str) and "{{" not in value:
                 found[name] = value
-    found.update({k: str(v) for k, v in values.items() if k in wanted and v not in (None, "", "__k26_unset__")})
+    return tuple(found.items())
+
+
+def k26_folder_values(values: Mapping) -> dict[str, str]:
+    """VALUES (the host's, names it lacks or leaves empty absent) completed with the roles' own literal defaults for
+    ROOT_FOLDERS and k26_state_dir: the check play loads no other role's defaults, and a default that nests with a
+    value set is as wrong as two values set."""
+    found = dict(_literal_folder_defaults())
+    found.update({k: str(v) for k, v in values.items() if k in FOLDER_NAMES and v not in (None, "", "__k26_unset__")})
     return found
 
 
