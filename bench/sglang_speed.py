@@ -18,8 +18,8 @@ Phase 1: one server per setting, all started together, measured one at a time: N
 15 for a block-16 one; DFlash's chain through DDTREE's pipeline, equal to SGLang's DFLASH
 token for token on the GPU), each with and without the overlap scheduler; every server takes 48 running requests with
 decode graphs up to 48.
-Phase 2: the schedule this sweep finds - per load the fixed tree (budget, cap) with the most tokens/s, switched at the
-geometric middle between measured loads (found_schedule); where every tree loses to DFLASH the chain can win, so the
+Phase 2: the schedule this sweep finds - per load the fixed tree (budget, cap) with the most tokens/s, each from its
+measured load on (found_schedule: the one finder, ddtree.settings.WidthSchedule.found, the sweep report's too); where every tree loses to DFLASH the chain can win, so the
 schedule falls back to it there - served by DDTREE, with and without the overlap scheduler, measured the same way.
 Beside each scheduled server phase 2 starts again the fixed servers of the trees it serves ("twins", same overlap
 mode): at each load the twin of that load's tree and the scheduled server are measured in turn (twin, schedule,
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -56,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_e2e as e2e  # noqa: E402
 import sglang_servers as servers  # noqa: E402
 
-from ddtree.settings import DDTreeConfigError, Schedule, parse_schedule  # noqa: E402
+from ddtree.settings import DDTreeConfigError, WidthSchedule, parse_schedule  # noqa: E402
 
 LOADS = (1, 8, 16, 32, 48)
 BUDGETS = (8, 16, 32, 64)
@@ -136,48 +135,17 @@ def fixed_name(tree: tuple[int, int], overlap: bool) -> str:
     return f"ddtree-b{tree[0]}-c{tree[1]}-graphs{OVERLAP if overlap else ''}-bs48"
 
 
-@dataclass(frozen=True)
-class TreeSchedule:
-    """The tree by running batch size: a budget schedule and a top-k cap schedule, as a DDTREE server takes them."""
-
-    budget: Schedule
-    cap: Schedule
-
-    def at(self, load: int) -> tuple[int, int]:
-        return self.budget.at(load), self.cap.at(load)
-
-    @property
-    def steps(self) -> list[tuple[int, tuple[int, int]]]:
-        """(from load, tree) where the tree changes."""
-        out: list[tuple[int, tuple[int, int]]] = []
-        for start in sorted({b for b, _ in self.budget.steps} | {b for b, _ in self.cap.steps}):
-            if not out or out[-1][1] != self.at(start):
-                out.append((start, self.at(start)))
-        return out
-
-    @property
-    def trees(self) -> list[tuple[int, int]]:
-        return sorted({tree for _, tree in self.steps})
-
-    def __str__(self) -> str:
-        return str(self.budget) if set(self.cap.values) == {CAP} else f"{self.budget}/{self.cap}"
+def schedule_label(schedule: WidthSchedule) -> str:
+    """The bench's short form: the budget schedule alone where every cap is 8, else BUDGET/CAP."""
+    return str(schedule.budget) if set(schedule.topk_cap.values) == {CAP} else f"{schedule.budget}/{schedule.topk_cap}"
 
 
-def tree_schedule(steps: list[tuple[int, tuple[int, int]]]) -> TreeSchedule:
-    """(from load, (budget, cap)) steps -> the two schedules, each with equal neighbours merged."""
-    def one(values: list[tuple[int, int]]) -> str:
-        kept = [(start, v) for i, (start, v) in enumerate(values) if i == 0 or values[i - 1][1] != v]
-        return ",".join(f"{start}:{v}" for start, v in kept)
-    return TreeSchedule(parse_schedule(one([(start, t[0]) for start, t in steps]), "found budget schedule"),
-                        parse_schedule(one([(start, t[1]) for start, t in steps]), "found cap schedule"))
-
-
-def parse_tree_schedule(text: str, name: str) -> TreeSchedule:
+def parse_tree_schedule(text: str, name: str) -> WidthSchedule:
     """`BUDGET` (cap 8) or `BUDGET/CAP`, each one value or a schedule; DDTreeConfigError names `name` and the value."""
     budget, _, cap = text.partition("/")
     try:
-        return TreeSchedule(parse_schedule(budget, f"{name}'s budget"),
-                            parse_schedule(cap or str(CAP), f"{name}'s cap"))
+        return WidthSchedule(parse_schedule(budget, f"{name}'s budget"),
+                             parse_schedule(cap or str(CAP), f"{name}'s cap"))
     except DDTreeConfigError as err:
         raise DDTreeConfigError(f"{name}={text} is invalid ({err}); expected BUDGET or BUDGET/CAP, each one value or a "
                                 f"schedule, e.g. 1:32,40:7/1:8,40:1") from err
@@ -188,23 +156,23 @@ def found_name(overlap: bool) -> str:
     return f"ddtree-found{OVERLAP if overlap else ''}"
 
 
-def scheduled_config(schedule: TreeSchedule, overlap: bool) -> servers.ServerConfig:
+def scheduled_config(schedule: WidthSchedule, overlap: bool) -> servers.ServerConfig:
     """Phase 2: DDTREE serving `schedule` (budget and cap by running batch size)."""
     base = servers.config(fixed_name(max(schedule.trees), overlap))
     return replace(base, name=found_name(overlap), budget=str(schedule.budget),
-                   cap=str(schedule.cap))
+                   cap=str(schedule.topk_cap))
 
 
 TWIN = "twin-"      # phase 2's fixed servers: a name of their own, so that a fleet never takes them for phase 1's
 
 
-def twin_configs(schedule: TreeSchedule, overlap: bool) -> list[servers.ServerConfig]:
+def twin_configs(schedule: WidthSchedule, overlap: bool) -> list[servers.ServerConfig]:
     """The fixed server of each tree `schedule` serves (its overlap mode), started beside the scheduled one."""
     return [replace(servers.config(fixed_name(t, overlap)), name=TWIN + fixed_name(t, overlap))
             for t in schedule.trees]
 
 
-def twin_at(schedule: TreeSchedule, load: int, overlap: bool) -> str:
+def twin_at(schedule: WidthSchedule, load: int, overlap: bool) -> str:
     """The twin that runs the same tree as the scheduled server at `load` running requests."""
     return TWIN + fixed_name(schedule.at(load), overlap)
 
@@ -305,12 +273,6 @@ def references_from(paths: list[Path]) -> dict[str, list[list[int]]]:
 
 # --- the schedule -----------------------------------------------------------------------------------------
 
-def switch_points(loads: tuple[int, ...]) -> list[int]:
-    """Where the schedule changes width between two measured loads: 1, then the (rounded-up) geometric middle of
-    each neighbouring pair (8 and 16 -> 12)."""
-    return [1] + [math.ceil(math.sqrt(a * b)) for a, b in zip(loads, loads[1:])]
-
-
 def best_fixed(rows: list[SpeedRow], load: int, overlap: bool) -> SpeedRow:
     fixed = [r for r in rows if r.algorithm == "DDTREE" and isinstance(r.budget, int) and r.overlap == overlap
              and r.load == load and r.phase == "fixed"]
@@ -319,10 +281,10 @@ def best_fixed(rows: list[SpeedRow], load: int, overlap: bool) -> SpeedRow:
     return max(fixed, key=lambda r: r.tokens_per_s)
 
 
-def found_schedule(rows: list[SpeedRow], loads: tuple[int, ...], overlap: bool) -> TreeSchedule:
-    """Per load the fixed tree with the most tokens/s, from that load's switch point on; equal neighbours merged."""
-    return tree_schedule([(start, tree_of(best_fixed(rows, load, overlap)))
-                          for start, load in zip(switch_points(loads), loads)])
+def found_schedule(rows: list[SpeedRow], loads: tuple[int, ...], overlap: bool) -> WidthSchedule:
+    """Per load the fixed tree with the most tokens/s, found by the one rule (WidthSchedule.found: each from its
+    load on, the lowest from 1)."""
+    return WidthSchedule.found({load: tree_of(best_fixed(rows, load, overlap)) for load in loads})
 
 
 def schedule_wins(rows: list[SpeedRow], scheduled: str, loads: tuple[int, ...], overlap: bool) -> dict[int, bool]:
@@ -569,7 +531,7 @@ def measure_config(server: servers.Server, cfg: servers.ServerConfig, prompts: d
         save_rows(rows, out)
 
 
-def measure_schedule(fleet: servers.Fleet, schedule: TreeSchedule, overlap: bool, prompts: dict[int, list[list[int]]],
+def measure_schedule(fleet: servers.Fleet, schedule: WidthSchedule, overlap: bool, prompts: dict[int, list[list[int]]],
                      loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path, timeout: float,
                      references: dict[str, list[list[int]]], profile: bool) -> list[e2e.ProfileRow]:
     """Phase 2 for one overlap mode: the scheduled server and its twins started together; at each load the twin of
@@ -607,7 +569,7 @@ def measure_schedule(fleet: servers.Fleet, schedule: TreeSchedule, overlap: bool
     return found
 
 
-def schedule_report(schedules: dict[bool, TreeSchedule], rows: list[SpeedRow], loads: tuple[int, ...]) -> dict:
+def schedule_report(schedules: dict[bool, WidthSchedule], rows: list[SpeedRow], loads: tuple[int, ...]) -> dict:
     """Per overlap mode: the schedule, the server that serves it, where it won (measured rows only), its cost
     beside its twins."""
     report = {}
@@ -618,13 +580,13 @@ def schedule_report(schedules: dict[bool, TreeSchedule], rows: list[SpeedRow], l
             name = fixed_name(schedule.steps[0][1], overlap)
         measured = any(r.config == name for r in rows)
         report["overlap" if overlap else "no overlap"] = {
-            "schedule": str(schedule), "server": name, "one width": single, "measured": measured,
+            "schedule": schedule_label(schedule), "server": name, "one width": single, "measured": measured,
             "wins at": {str(k): v for k, v in schedule_wins(rows, name, loads, overlap).items()} if measured else {},
             "schedule / twin": {str(c.load): round(c.ratio, 3) for c in schedule_cost(rows, name, loads)}}
     return report
 
 
-def given_schedules(args, modes: tuple[bool, ...]) -> dict[bool, TreeSchedule]:
+def given_schedules(args, modes: tuple[bool, ...]) -> dict[bool, WidthSchedule]:
     """--schedule-off / --schedule-on, parsed (DDTreeConfigError names the flag and the value)."""
     given = {}
     for overlap, text in ((False, args.schedule_off), (True, args.schedule_on)):
@@ -695,7 +657,7 @@ def main(argv=None) -> int:
                           loads, args.max_new_tokens, rows, out, args.start_timeout, references, args.one_at_a_time)
         finally:
             fleet.stop_all()
-    schedules: dict[bool, TreeSchedule] = {}
+    schedules: dict[bool, WidthSchedule] = {}
     profiles: list[e2e.ProfileRow] = []
     for i, overlap in enumerate(modes):
         try:
@@ -703,7 +665,7 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(f"no schedule for overlap {overlap}: {err}", flush=True)
             continue
-        print(f"{'given' if overlap in given else 'found'} schedule (overlap {overlap}): {schedules[overlap]}",
+        print(f"{'given' if overlap in given else 'found'} schedule (overlap {overlap}): {schedule_label(schedules[overlap])}",
               flush=True)
         if args.phase in ("all", "schedule") and len(schedules[overlap].steps) > 1:
             fleet = servers.Fleet(Path(args.pair), out / "logs", base_port=SCHEDULE_PORTS + 100 * i)

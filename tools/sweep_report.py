@@ -28,6 +28,8 @@ from pathlib import Path
 
 import matplotlib
 
+from ddtree.settings import WidthSchedule  # plain Python, no torch (sweep.yml puts src/ on PYTHONPATH)
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -139,13 +141,10 @@ def schedule_picks(rows: list[dict], graphs, overlap_setting: str = "auto") -> l
     return picks
 
 
-def schedule_text(picks: list[dict], key: str) -> str:
-    """`1:64,8:32,32:8` from the picks (a step only where the value changes); one value when it never does."""
-    steps: list[tuple[int, int]] = []
-    for i, pick in enumerate(picks):
-        if not steps or steps[-1][1] != pick[key]:
-            steps.append((1 if i == 0 else pick["concurrency"], pick[key]))
-    return str(steps[0][1]) if len(steps) == 1 else ",".join(f"{b}:{v}" for b, v in steps)
+def found_schedule(picks: list[dict]) -> WidthSchedule:
+    """The picks' (budget, cap) by load, by the one finder (ddtree.settings.WidthSchedule.found: each from its
+    measured load on, the lowest from 1; equal neighbours merged)."""
+    return WidthSchedule.found({p["concurrency"]: (p["budget"], p["topk_cap"]) for p in picks})
 
 
 def schedule(summary: dict | None, rows: list[dict]) -> dict:
@@ -155,7 +154,8 @@ def schedule(summary: dict | None, rows: list[dict]) -> dict:
         return {}
     graphs, overlap_setting = summary["best"]["cuda_graph"], overlap(summary["best"])
     picks = schedule_picks(rows, graphs, overlap_setting)
-    return {"k26_ddtree_budget": schedule_text(picks, "budget"), "k26_ddtree_topk_cap": schedule_text(picks, "topk_cap"),
+    found = found_schedule(picks)
+    return {"k26_ddtree_budget": str(found.budget), "k26_ddtree_topk_cap": str(found.topk_cap),
             "cuda_graph": graphs, "overlap_schedule": overlap_setting, "temperature": 0.0, "picks": picks,
             "loses_at": [p["concurrency"] for p in picks if p["vs_reference"] is not None and p["vs_reference"] < 1]}
 

@@ -194,3 +194,114 @@ def auto_problems(budgets: tuple[int, ...], topk_cap: Schedule, block_size: int 
         for message in DDTreeSettings(budget, min(cap, budget), block_size).problems(names):
             out.append(f"auto budget {budget}: {message}")
     return out
+
+
+# --- the schedule of a server: (budget, cap) by running batch size, or auto ---------------------
+
+@dataclass(frozen=True)
+class WidthSchedule:
+    """The budget and the top-k cap by running batch size (one step each for a plain value): the one schedule type
+    of the plugin, the reference engine, the benchmarks and the sweep report (issue 73). The server is sized for
+    the widest step (widest()); a decode step of b requests uses at(b).
+
+    With `auto` (budgets the width policy chooses among) the budget schedule is the widest of them alone, and
+    every step may run any of the trees or the chain (budget `chain`, cap 1: DFLASH's verify, width = the
+    draft's block), at every running batch size."""
+
+    budget: Schedule
+    topk_cap: Schedule
+    auto: tuple[int, ...] = ()      # the policy's tree budgets, ascending; () = the schedule decides
+    chain: int | None = None        # the chain's budget (block - 1) when auto
+
+    @classmethod
+    def of(cls, budget: int | Schedule, topk_cap: int | Schedule) -> WidthSchedule:
+        """One value or a Schedule each."""
+        def one(value: int | Schedule) -> Schedule:
+            return value if isinstance(value, Schedule) else Schedule(((1, int(value)),))
+        return cls(one(budget), one(topk_cap))
+
+    @classmethod
+    def from_steps(cls, steps: list[tuple[int, tuple[int, int]]]) -> WidthSchedule:
+        """(from batch, (budget, cap)) steps, the first from 1 -> the two schedules, each with its equal neighbours
+        merged (budget 32 from 1 and from 8 is the one value 32)."""
+        def merged(values: list[tuple[int, int]]) -> Schedule:
+            return Schedule(tuple((start, v) for i, (start, v) in enumerate(values) if i == 0 or values[i - 1][1] != v))
+        return cls(merged([(start, tree[0]) for start, tree in steps]), merged([(start, tree[1]) for start, tree in steps]))
+
+    @classmethod
+    def found(cls, best: dict[int, tuple[int, int]]) -> WidthSchedule:
+        """THE finder of a schedule from measurements: `best` is the fastest (budget, cap) at each measured load (the
+        running requests); each holds from its load up to the next measured load, the lowest from 1.
+
+        Why this rule (and not a switch between two measured loads, e.g. at their geometric middle): every switch
+        point is then a load that was measured, so the schedule claims nothing about a load below the one whose
+        measurement chose it; and it is the rule the sweep's schedule.json has deployed since issue 32."""
+        if not best:
+            raise ValueError("no measured load to find a schedule from")
+        loads = sorted(best)
+        return cls.from_steps([(1 if i == 0 else load, best[load]) for i, load in enumerate(loads)])
+
+    def at(self, batch: int) -> tuple[int, int]:
+        """(budget, cap) for a running batch of `batch` requests (with auto: the widest tree's)."""
+        return self.budget.at(batch), self.topk_cap.at(batch)
+
+    @property
+    def steps(self) -> list[tuple[int, tuple[int, int]]]:
+        """(from batch, (budget, cap)) where the tree changes."""
+        out: list[tuple[int, tuple[int, int]]] = []
+        for start in schedule_batches(self.budget, self.topk_cap):
+            if not out or out[-1][1] != self.at(start):
+                out.append((start, self.at(start)))
+        return out
+
+    @property
+    def trees(self) -> list[tuple[int, int]]:
+        """Every (budget, cap) some batch size runs, ascending."""
+        return sorted({tree for _, tree in self.steps})
+
+    def widest(self, block_size: int | None = None) -> DDTreeSettings:
+        return DDTreeSettings(max(self.budget.values), max(self.topk_cap.values), block_size)
+
+    @property
+    def stepped(self) -> bool:
+        return len(self.budget.steps) > 1 or len(self.topk_cap.steps) > 1
+
+    def choices(self) -> tuple[tuple[int, int], ...]:
+        """The (budget, cap) pairs a step of the width policy may run, narrowest first: the chain, then each tree
+        (its cap at most its budget). () without auto."""
+        if not self.auto:
+            return ()
+        cap = self.topk_cap.at(1)
+        trees = [(b, min(cap, b)) for b in self.auto]
+        chain = [(self.chain, 1)] if self.chain is not None else []
+        return tuple(sorted(set(chain + trees), key=lambda p: (p[0] + 1, p[1])))
+
+    def pairs(self, max_bs: int) -> set[tuple[int, int]]:
+        """Every (budget, cap) some step of this server may run (one tree each is built at start-up)."""
+        if self.auto:
+            return set(self.choices())
+        return {self.at(b) for b in range(1, max_bs + 1)}
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The verify widths (budget + 1) the schedule can produce, ascending."""
+        if self.auto:
+            return tuple(sorted({b + 1 for b, _ in self.choices()}))
+        return tuple(sorted({b + 1 for b in self.budget.values}))
+
+    def batches_at_width(self, width: int, max_bs: int) -> list[int]:
+        """The running batch sizes 1..max_bs whose step verifies `width` tokens per request (with auto: every
+        size, at each of its widths)."""
+        if self.auto:
+            return list(range(1, max_bs + 1)) if width in self.widths else []
+        return [b for b in range(1, max_bs + 1) if self.budget.at(b) + 1 == width]
+
+    def problems(self, block_size: int | None, names: SettingNames = SERVER_FLAGS) -> list[str]:
+        if self.auto:
+            return auto_problems(self.auto, self.topk_cap, block_size, names)
+        return schedule_problems(self.budget, self.topk_cap, block_size, names)
+
+    def __str__(self) -> str:
+        if self.auto:
+            return f"budget auto:{','.join(map(str, self.auto))} (and the chain) cap {self.topk_cap}"
+        return f"budget {self.budget} cap {self.topk_cap}"

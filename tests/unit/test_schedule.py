@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddtree.settings import SERVER_FLAGS, DDTreeConfigError, Schedule, parse_schedule, schedule_problems
+from ddtree.settings import SERVER_FLAGS, DDTreeConfigError, Schedule, WidthSchedule, parse_schedule, schedule_problems
 
 
 def test_a_plain_value_is_a_one_step_schedule():
@@ -42,3 +42,58 @@ def test_the_single_value_rules_hold_at_every_step_of_both_schedules():
         "the verify window (budget + 1 >= block size); use a budget >= 7 (7 with --speculative-ddtree-topk-cap 1 is "
         "the DFlash chain)"]
     assert schedule_problems(parse_schedule("1:64,32:8", "b"), parse_schedule("1:8,32:4", "c"), 8, SERVER_FLAGS) == []
+
+
+# --- the one schedule type and the one finder (issue 73, item 2) ------------------------------------------------
+
+def test_the_finder_holds_each_measured_loads_best_from_that_load_and_merges_equal_neighbours():
+    found = WidthSchedule.found({8: (32, 8), 1: (64, 8), 16: (32, 8), 32: (7, 1), 48: (7, 1)})
+    assert (str(found.budget), str(found.topk_cap)) == ("1:64,8:32,32:7", "1:8,32:1")
+    assert [found.at(b) for b in (1, 7, 8, 31, 32, 100)] == [(64, 8), (64, 8), (32, 8), (32, 8), (7, 1), (7, 1)]
+    assert found.steps == [(1, (64, 8)), (8, (32, 8)), (32, (7, 1))] and found.trees == [(7, 1), (32, 8), (64, 8)]
+    assert str(WidthSchedule.found({4: (16, 4)}).budget) == "16"          # the lowest load measured holds from 1
+    with pytest.raises(ValueError, match="no measured load"):
+        WidthSchedule.found({})
+
+
+def test_a_schedule_changing_only_its_cap_is_a_step_and_one_value_each_is_one_tree():
+    s = WidthSchedule(parse_schedule("32", "b"), parse_schedule("1:8,16:4", "c"))
+    assert s.steps == [(1, (32, 8)), (16, (32, 4))] and s.stepped
+    one = WidthSchedule.of(16, 4)
+    assert one.steps == [(1, (16, 4))] and not one.stepped and one.widest().verify_tokens == 17
+
+
+def test_the_sweep_report_and_the_speed_benchmark_find_the_same_schedule_from_the_same_bests():
+    """The two callers of the one finder (tools/sweep_report.py from a sweep's picks, bench/sglang_speed.py from its
+    rows) agree, so a schedule found on the test bed reads as the one the sweep would deploy."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("sweep_report_for_finder", root / "tools/sweep_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    sys.path.insert(0, str(root / "bench"))
+    try:
+        import sglang_speed
+    finally:
+        sys.path.remove(str(root / "bench"))
+    picks = [{"concurrency": c, "budget": b, "topk_cap": k} for c, (b, k) in ((1, (64, 8)), (8, (32, 8)), (32, (7, 1)))]
+    from_sweep = report.found_schedule(picks)
+    rows = []
+    for p in picks:
+        for b, k in ((64, 8), (32, 8), (7, 1)):
+            best = (b, k) == (p["budget"], p["topk_cap"])
+            rows.append(sglang_speed.SpeedRow(f"ddtree-b{b}-c{k}-graphs-bs48", "DDTREE", b, False, p["concurrency"],
+                                              2000.0 if best else 1000.0, None, None, None, None, [], cap=k))
+    from_bench = sglang_speed.found_schedule(rows, (1, 8, 32), overlap=False)
+    assert from_sweep == from_bench and from_sweep.steps == [(1, (64, 8)), (8, (32, 8)), (32, (7, 1))]
+
+
+def test_the_settings_module_imports_no_torch():
+    """tools/sweep_report.py reads the schedule type on the controller, where torch need not be installed."""
+    import subprocess
+    import sys
+    code = "import sys, ddtree.settings; assert 'torch' not in sys.modules, 'torch was imported'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

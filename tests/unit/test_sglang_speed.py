@@ -31,10 +31,6 @@ def test_mixed_prompts_alternate_seen_and_heldout_vary_in_length_and_reuse_each_
         speed.mixed_prompts([], seen, 4)
 
 
-def test_switch_points_sit_between_measured_loads():
-    assert speed.switch_points((1, 8, 16, 32, 48)) == [1, 3, 12, 23, 40]
-
-
 def fixed_rows(best_by_load: dict[int, int], overlap=False):
     """Phase-1 rows of the four cap-8 budgets and the chain (budget 7, cap 1) at each load, `best` the fastest."""
     rows = []
@@ -50,22 +46,22 @@ def fixed_rows(best_by_load: dict[int, int], overlap=False):
 def test_found_schedule_takes_each_loads_fastest_budget_and_merges_equal_neighbours():
     rows = fixed_rows({1: 64, 8: 32, 16: 32, 32: 8, 48: 8}) + fixed_rows({1: 16, 8: 16, 16: 16, 32: 16, 48: 16}, True)
     found = speed.found_schedule(rows, (1, 8, 16, 32, 48), overlap=False)
-    assert str(found) == "1:64,3:32,23:8" and str(found.cap) == "8"
-    assert found.at(2) == (64, 8) and found.at(20) == (32, 8) and found.at(48) == (8, 8)
-    assert str(speed.found_schedule(rows, (1, 8, 16, 32, 48), overlap=True)) == "16"
+    assert speed.schedule_label(found) == "1:64,8:32,32:8" and str(found.topk_cap) == "8"
+    assert found.at(7) == (64, 8) and found.at(20) == (32, 8) and found.at(48) == (8, 8)
+    assert speed.schedule_label(speed.found_schedule(rows, (1, 8, 16, 32, 48), overlap=True)) == "16"
 
 
 def test_where_every_tree_loses_the_schedule_falls_back_to_the_chain_with_its_cap():
     rows = fixed_rows({1: 32, 8: 32, 16: 7, 32: 7, 48: 64})
     found = speed.found_schedule(rows, (1, 8, 16, 32, 48), overlap=False)
-    assert str(found) == "1:32,12:7,40:64/1:8,12:1,40:8"
-    assert found.steps == [(1, (32, 8)), (12, (7, 1)), (40, (64, 8))] and found.trees == [(7, 1), (32, 8), (64, 8)]
+    assert speed.schedule_label(found) == "1:32,16:7,48:64/1:8,16:1,48:8"
+    assert found.steps == [(1, (32, 8)), (16, (7, 1)), (48, (64, 8))] and found.trees == [(7, 1), (32, 8), (64, 8)]
     cfg = speed.scheduled_config(found, overlap=False)
     args = cfg.args(__import__("pathlib").Path("/pair"), 40000)
-    assert args[args.index("--speculative-ddtree-budget") + 1] == "1:32,12:7,40:64"
-    assert args[args.index("--speculative-ddtree-topk-cap") + 1] == "1:8,12:1,40:8"
+    assert args[args.index("--speculative-ddtree-budget") + 1] == "1:32,16:7,48:64"
+    assert args[args.index("--speculative-ddtree-topk-cap") + 1] == "1:8,16:1,48:8"
     from ddtree.settings import SERVER_FLAGS, schedule_problems
-    assert schedule_problems(found.budget, found.cap, 8, SERVER_FLAGS) == []      # the plugin's rules hold
+    assert schedule_problems(found.budget, found.topk_cap, 8, SERVER_FLAGS) == []      # the plugin's rules hold
     assert speed.twin_at(found, 16, False) == "twin-ddtree-b7-c1-graphs-bs48"
     old = [r for r in rows]
     for r in old:
@@ -235,7 +231,7 @@ def test_the_schedule_is_set_against_the_twin_it_ran_in_turn_with_and_found_from
     assert [(c.load, c.twin, round(c.ratio, 3)) for c in costs] == [
         (1, "twin-ddtree-b32-c8-graphs-bs48", 0.75), (8, "twin-ddtree-b16-c8-graphs-bs48", round(1510 / 1490, 3))]
     assert speed.best_fixed(rows, 1, False).tokens_per_s == 1500             # the twin's 1600 is not phase 1's
-    assert str(speed.found_schedule(rows, (1, 8), False)) == "1:32,3:16"
+    assert speed.schedule_label(speed.found_schedule(rows, (1, 8), False)) == "1:32,8:16"
     table = speed.cost_table(costs)
     assert "| 1 | ddtree-b32-c8-graphs-bs48 | 1600 ([1.0, 1.1]) | 1200 ([1.0, 1.1]) | 0.750 |" in table
     report = speed.schedule_report({False: speed.parse_tree_schedule("1:32,3:16", "s"),

@@ -20,7 +20,7 @@ from ddtree.reference.graphed import BUCKETS, GraphRunner
 from ddtree.reference.pair import Pair
 from ddtree.reference.step import BatchState, Generation, RequestParams, Stage, StepIO, run_marked
 from ddtree.reference.target import TargetOutput
-from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings, Schedule, schedule_batches
+from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, DDTreeSettings, Schedule, WidthSchedule
 from ddtree.types import DraftTree, SamplingParams
 from ddtree.verify import node_targets
 
@@ -55,14 +55,14 @@ class Decoder:
         self.depth = pair.block_size - 1 if method != "ar" else 0  # L
         if method == "dflash":
             budget, topk_cap = self.depth, 1                      # the chain
-        self.budget_schedule, self.topk_cap_schedule = as_schedule(budget), as_schedule(topk_cap)
+        self.schedule = WidthSchedule.of(budget, topk_cap)       # (budget, cap) by running batch size
         # the engine verifies trees shallower than the draft's block and takes any cap (it keeps
         # min(cap, budget, V) candidates): the block rule and cap <= budget are a server's
-        steps = schedule_batches(self.budget_schedule, self.topk_cap_schedule)
-        for batch in steps:
+        steps = self.schedule.steps
+        for batch, _ in steps:
             DDTreeSettings(*self.width(batch)).check(cap_within_budget=False)
-        self.budget = max(self.budget_schedule.values)            # the widest tree: the verify window
-        self.topk_cap = max(self.topk_cap_schedule.values)
+        widest = self.schedule.widest()
+        self.budget, self.topk_cap = widest.budget, widest.topk_cap  # the widest tree: the verify window
         if cuda_graphs and len(steps) > 1:
             raise ValueError(f"budget={budget} / topk_cap={topk_cap}: a schedule by batch size runs eagerly in the "
                              "reference engine (its graphs hold one width per bucket): turn CUDA graphs off "
@@ -77,7 +77,7 @@ class Decoder:
     def width(self, running: int) -> tuple[int, int]:
         """(budget, topk_cap) of a step with `running` requests still decoding (>= 1)."""
         running = max(running, 1)
-        return self.budget_schedule.at(running), self.topk_cap_schedule.at(running)
+        return self.schedule.at(running)
 
     @property
     def context_length(self) -> int:
@@ -323,11 +323,6 @@ class Decoder:
                     break
             new.append(fresh)
         return new
-
-
-def as_schedule(value: int | Schedule) -> Schedule:
-    """One value as the one-step schedule; a Schedule as it is."""
-    return value if isinstance(value, Schedule) else Schedule(((1, int(value)),))
 
 
 def generate(pair: Pair, prompts: list[list[int]], *, max_new_tokens: int, method: str = "ar",

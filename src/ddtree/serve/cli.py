@@ -178,8 +178,8 @@ def load(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[Decoder
         logging.getLogger("ddtree.serve").info("CUDA graphs requested but device=%s: decoding eagerly", args.device)
     settings = ServerSettings(
         model_path=args.model_path, draft_model_path=args.speculative_draft_model_path,
-        speculative_algorithm=args.speculative_algorithm, budget=shown(decoder.budget_schedule),
-        topk_cap=shown(decoder.topk_cap_schedule),
+        speculative_algorithm=args.speculative_algorithm, budget=shown(decoder.schedule.budget),
+        topk_cap=shown(decoder.schedule.topk_cap),
         block_size=block, host=args.host, port=args.port, api_key=args.api_key,
         previous_api_key=args.previous_api_key,
         enable_metrics=args.enable_metrics, device=args.device, dtype=args.dtype,

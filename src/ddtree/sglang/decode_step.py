@@ -50,7 +50,7 @@ from ddtree.sglang.glue import commit_step, verify_mask, window_slots
 from ddtree.sglang.grammar import GrammarStep, constrain_step
 from ddtree.sglang.step_dump import leak_siblings
 from ddtree.sglang.verdict import committed_logprobs
-from ddtree.sglang.width_schedule import WidthSchedule
+from ddtree.settings import WidthSchedule
 from ddtree.tree import candidate_count
 from ddtree.types import Candidates, DraftTree, Verdict
 

@@ -21,9 +21,8 @@ import os
 from pathlib import Path
 
 from ddtree.settings import (DEFAULT_BUDGET, DEFAULT_TOPK_CAP, SERVER_FLAGS, DDTreeConfigError, DDTreeSettings,
-                             Schedule, is_auto, parse_auto, parse_schedule)
+                             Schedule, WidthSchedule, is_auto, parse_auto, parse_schedule)
 from ddtree.sglang import switches
-from ddtree.sglang.width_schedule import WidthSchedule
 
 # the variables' names (declared with their kinds and meanings in ddtree.sglang.switches)
 ENV_BUDGET, ENV_TOPK_CAP, ENV_BLOCK_SIZE = (switches.NAME[f] for f in ("budget", "topk_cap", "block_size"))

@@ -32,7 +32,7 @@ from sglang.srt.runtime_context import get_exec, get_observability, get_parallel
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from ddtree.settings import DDTreeConfigError, DDTreeSettings
+from ddtree.settings import DDTreeConfigError, DDTreeSettings, WidthSchedule
 from ddtree.sglang import switches
 from ddtree.sglang.decode_step import (EagerPasses, commit, constrain_to_grammars, draft_candidates,
                                        narrow_candidates, plan_step, reserve_window, run_verify,
@@ -43,7 +43,6 @@ from ddtree.sglang.server_env import from_env, resolved_block, schedule_from_env
 from ddtree.sglang.step_dump import Diagnostics, StepDump, announce, dump_step
 from ddtree.sglang.sync_check import SyncCheck
 from ddtree.sglang.verdict import VerdictSetup, decide
-from ddtree.sglang.width_schedule import WidthSchedule
 from ddtree.sglang.widths import TargetWidths
 from ddtree.sglang.policy_metrics import PolicyMetrics
 from ddtree.sglang.step_policy import StepPolicy

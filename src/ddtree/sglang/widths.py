@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from sglang.srt.runtime_context import get_context, get_exec, get_spec
 from sglang.srt.utils import get_available_gpu_memory
 
-from ddtree.sglang.width_schedule import WidthSchedule
+from ddtree.settings import WidthSchedule
 
 logger = logging.getLogger(__name__)
 

@@ -24,11 +24,10 @@ from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule
 from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 
-from ddtree.settings import DDTreeConfigError
+from ddtree.settings import DDTreeConfigError, WidthSchedule
 from ddtree.sglang.graph_timing import CostTable, shared_across_ranks, time_graphs
 from ddtree.sglang.head import HeadShard
 from ddtree.sglang.step_policy import StepPolicy, step_policy_for
-from ddtree.sglang.width_schedule import WidthSchedule
 from ddtree.sglang.widths import TargetWidths
 from ddtree.tree import build_tree_from_candidates, candidate_count
 from ddtree.types import Candidates, SamplingParams
