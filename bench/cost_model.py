@@ -1,8 +1,8 @@
 """A cost model of one verify step of Kimi K2.6 at TP 8 on 8 x RTX PRO 6000 Blackwell over PCIe (issue 32, item 6),
 checked against a measured curve: the test bed's timing rig of one TP-8 rank (issue 69, bench/kimi_rank.py).
 
-    python bench/cost_model.py [--context 4096] [--bus-gbps 20] [--allreduce-latency-us 40] [--json]
-    python bench/cost_model.py --check RIG.json     the model fitted on part of a rig and checked on the rest
+    python -m bench.cost_model [--context 4096] [--bus-gbps 20] [--allreduce-latency-us 40] [--json]
+    python -m bench.cost_model --check RIG.json     the model fitted on part of a rig and checked on the rest
 
 Per rank (one of the 8 GPUs), one forward of T tokens for `batch` requests of `context` tokens each:
 

@@ -5,7 +5,7 @@ path, does it equal NONE token for token, and do the radix cache (Python tree co
 backend and INT4 routed experts (compressed-tensors W4A16, pack-quantized, group 32, as Kimi ships
 them) start and decode. Random weights (`--load-format dummy`): deterministic logits, no acceptance.
 
-    python3 bench/kimi_probe.py --out DIR --group wrapper|int4|overlap|all [--timeout 420]
+    python3 -m bench.kimi_probe --out DIR --group wrapper|int4|overlap|all [--timeout 420]
 
 The target's config is Kimi-K2.5's public config.json (moonshotai/Kimi-K2.5, read through the search
 tool on 2026-12-02; SGLang 0.5.23 loads K2.6 with the same KimiK25 classes) with every width scaled
@@ -26,10 +26,9 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sglang_servers as harness  # noqa: E402
+from testbed import servers as harness
 
-from ddtree.reference.export import int4_quantization_config  # noqa: E402
+from ddtree.reference.export import int4_quantization_config
 
 VOCAB, MASK_TOKEN, BOS, EOS, PAD, MEDIA = 163840, 163838, 163584, 163585, 163839, 163605
 YARN = {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0, "beta_slow": 1.0,

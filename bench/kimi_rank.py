@@ -14,17 +14,17 @@ SGLang's own routing simulation (a router on random weights sends nearly every t
 
 Three measurements, each with CUDA graphs, on the GPU machine after staging (`bench/kimi_rank.sh` runs them all):
 
-    python3 bench/kimi_rank.py write   --out DIR [--layers 40]        the target's and the draft's config.json
-    python3 bench/kimi_rank.py decode  --out DIR --routing uniform     SGLang's one-batch bench: a decode step of
+    python3 -m bench.kimi_rank write   --out DIR [--layers 40]        the target's and the draft's config.json
+    python3 -m bench.kimi_rank decode  --out DIR --routing uniform     SGLang's one-batch bench: a decode step of
                                                                        T requests = one forward of T tokens
-    python3 bench/kimi_rank.py verify  --out DIR --routing uniform     DDTREE servers at each budget (width
+    python3 -m bench.kimi_rank verify  --out DIR --routing uniform     DDTREE servers at each budget (width
                                                                        budget + 1) driven at each load with the
                                                                        worker's step profiler: the verify stage
                                                                        (the target-verify graph of batch x width)
-    python3 bench/kimi_rank.py experts --out DIR                       distinct experts a layer reads at each T:
+    python3 -m bench.kimi_rank experts --out DIR                       distinct experts a layer reads at each T:
                                                                        SGLang's routing-simulation kernel itself;
                                                                        and the GPU's device-copy bandwidth
-    python3 bench/kimi_rank.py report  --out DIR                       DIR/rig.json and the table (CPU)
+    python3 -m bench.kimi_rank report  --out DIR                       DIR/rig.json and the table (CPU)
 
 The draft is z-lab's Kimi DFlash draft at one rank's widths (6 layers, 8 query / 1 KV heads of 128, MLP 2304,
 block 8), random weights: it accepts nothing, which changes no forward's cost.
@@ -41,13 +41,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from testbed import servers
 
-import sglang_servers as servers  # noqa: E402
-
-from ddtree.reference.export import int4_quantization_config  # noqa: E402
-from ddtree.reference.hf_tokenizer import write_hf_tokenizer  # noqa: E402
-from ddtree.reference.tokenizer import ByteTokenizer  # noqa: E402
+from ddtree.reference.export import int4_quantization_config
+from ddtree.reference.hf_tokenizer import write_hf_tokenizer
+from ddtree.reference.tokenizer import ByteTokenizer
 
 TP = 8
 EXPERTS, TOP_K, EXPERT_WIDTH = 384, 8, 2048 // TP
@@ -193,7 +191,7 @@ def drive(server: servers.Server, load: int, seed: int) -> None:
 
 
 def verify_rows(server: servers.Server, budget: int, routing: str, loads: tuple[int, ...]) -> list[VerifyRow]:
-    from ddtree.sglang.profile import parse_profile_lines
+    from ddtree.sglang.diagnostics.profile import parse_profile_lines
 
     for i, load in enumerate(loads):
         drive(server, load, seed=i)

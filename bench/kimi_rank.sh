@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 69's timing rig as one GPU job, from the project root on the GPU machine after staging (bench/kimi_rank.py
 # says what each step measures):
-#   MARLIN_CACHE=/tmp/marlin-parts tests/gpu_sglang/bg.sh start bench/kimi_rank.sh
-#   tests/gpu_sglang/bg.sh wait 540          (again at once while it runs; each call carries .gpu-bundles/bin)
+#   MARLIN_CACHE=/tmp/marlin-parts testbed/bg.sh start bench/kimi_rank.sh
+#   testbed/bg.sh wait 540          (again at once while it runs; each call carries .gpu-bundles/bin)
 # Steps, each result copied to $OUT as soon as it exists (a machine taken back keeps what came before):
 #   experts    distinct routed experts a layer at each T (SGLang's routing-simulation kernel)
 #   decode     uniform, then round-robin routing: one forward of T tokens for T in TOKENS
@@ -26,7 +26,7 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . 2>&1 \
   | grep -vi warning || true
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-rig() { python3 bench/kimi_rank.py "$@" --out "$R" --layers "$LAYERS" --gpu "$gpu"; }
+rig() { python3 -m bench.kimi_rank "$@" --out "$R" --layers "$LAYERS" --gpu "$gpu"; }
 report() {   # the table and rig.json so far, and the logs, to $OUT after every step
   rig report > "$R/rig.md" 2>&1; cp "$R/rig.md" "$R/rig.json" "$OUT/" 2>/dev/null
   tar czf "$OUT/rig-logs.tgz" -C "$R" logs $(cd "$R" && ls decode-*.jsonl verify-*.json experts.json 2>/dev/null) \

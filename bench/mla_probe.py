@@ -3,7 +3,7 @@ sigmoid / no-aux routing, YaRN rope) inside SGLang 0.5.23 on the GPU test bed: r
 (`--load-format dummy`), so only "does it start, capture its graphs and decode, and what does it
 emit next to NONE" - no acceptance, no speed (issue 31 trains a Kimi-shaped pair).
 
-    python3 bench/mla_probe.py --out DIR [--timeout 330]
+    python3 -m bench.mla_probe --out DIR [--timeout 330]
 
 Writes DIR/pair/{target,draft}/config.json, starts NONE, DFLASH and DDTREE b32 c8 (CUDA graphs on)
 together, sends greedy requests and prints a table: healthy after, errors, tokens equal to NONE.
@@ -18,8 +18,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sglang_servers as harness  # noqa: E402
+from testbed import servers as harness
 
 # The DeepSeek-V3 text model of Kimi K2.6 (MLA, 1 dense layer then MoE, sigmoid scoring with a
 # correction bias, no-aux top-k, one shared expert, YaRN), every width scaled down.

@@ -4,7 +4,7 @@ compare DDTREE (identical, or where they part: plain decoding's own top-2 gap th
 routing and kernels change with the batch's shape; this measures by how much, so a DDTREE difference of the
 same size is read against it. Prints a table; writes plain_drift.json to --out.
 
-    python3 bench/plain_drift.py --pair DIR --prompts heldout_prompts.json --out DIR
+    python3 -m bench.plain_drift --pair DIR --prompts heldout_prompts.json --out DIR
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import sglang_servers as harness  # noqa: E402
-
+from testbed import servers as harness
 
 
 def top_gap(top: dict[int, float]) -> float:

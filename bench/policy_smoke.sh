@@ -5,8 +5,8 @@
 # graphs, then tests/gpu_sglang/test_width_policy.py's start-up test (every verify graph timed before ready, the
 # table in the log and on /metrics) and 16 greedy requests, 8 at a time, with the steps of each option read back from
 # /metrics. A random draft accepts almost nothing: this proves the policy runs inside SGLang, not what it earns
-# (bench/enlarged_pair.sh POLICY_ONLY=1 on a trained pair does that).
-#   BG=/tmp/policy tests/gpu_sglang/bg.sh start bench/policy_smoke.sh; BG=/tmp/policy tests/gpu_sglang/bg.sh wait 300
+# (testbed/enlarged_pair.sh POLICY_ONLY=1 on a trained pair does that).
+#   BG=/tmp/policy testbed/bg.sh start bench/policy_smoke.sh; BG=/tmp/policy testbed/bg.sh wait 300
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"

@@ -1,6 +1,6 @@
 """CPU tokens/s of the reference engine: ar vs dflash chain vs ddtree, random-init presets.
 
-Run: PYTHONPATH=src python3 bench/reference_cpu.py   (or the test venv's python after make venv)
+Run: PYTHONPATH=src python3 -m bench.reference_cpu   (or the test venv's python after make venv)
 A random pair accepts almost nothing, so these numbers show the overhead of drafting and
 verifying a tree on the CPU, not a speed-up.
 """

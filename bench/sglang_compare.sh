@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NONE vs DFLASH vs DDTREE inside SGLang on the GPU test bed, in one job (run from the project root
 # on the GPU machine after the test bed is staged (docs/gpu-testbed.md); long: start it with
-# tests/gpu_sglang/bg.sh start bench/sglang_compare.sh, then bg.sh wait):
+# testbed/bg.sh start bench/sglang_compare.sh, then bg.sh wait):
 #   1. the glue kernels compiled on CUDA against their torch paths (tests/unit/test_triton_kernels.py)
 #   2. a fresh pair with block-8 and block-16 drafts of one target (TRAIN_MINUTES, default 2.5)
 #   3. bench/sglang_e2e.py: the full matrix on the block-8 draft, DFLASH and DDTREE on the block-16
@@ -19,7 +19,7 @@ say() { echo "[compare $(( $(date +%s) - t0 )) s] $*"; }
 PYTHONPATH=src:$PYTHONPATH python3 -m pytest -q -p no:cacheprovider tests/unit/test_triton_kernels.py -k "mask or commit" 2>&1 | tail -3
 [ "${PIPESTATUS[0]}" = 0 ] || { say "glue kernels failed on CUDA"; exit 1; }
 say "glue kernels pass on CUDA"
-OUT= OUTDIR=$W/bench BLOCKS=8,16 TRAIN_MINUTES=${TRAIN_MINUTES:-2.5} tests/gpu_sglang/run.sh --bench --k16 \
+OUT= OUTDIR=$W/bench BLOCKS=8,16 TRAIN_MINUTES=${TRAIN_MINUTES:-2.5} testbed/run.sh --bench --k16 \
   --profile ddtree-b64-c8-graphs,ddtree-b64-c8-graphs-k16 --trace dflash,ddtree-b64-c8-graphs \
   --start-timeout 600 --repeats 2 "$@"
 bench_rc=$?
@@ -27,7 +27,7 @@ say "bench done (rc $bench_rc)"
 tp_rc=skipped
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   OUT= OUTDIR=$W/tp2 SGLANG_DDTREE_START=none,none-tp2,ddtree-b32-c8-graphs-tp2,ddtree-b32-c8-graphs \
-    tests/gpu_sglang/run.sh -k tp2
+    testbed/run.sh -k tp2
   tp_rc=$?
   say "TP 2 tests done (rc $tp_rc)"
 fi

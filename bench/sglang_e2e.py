@@ -1,12 +1,12 @@
 """NONE vs DFLASH vs DDTREE inside the real SGLang 0.5.23 server, side by side (the GPU test bed).
 
 Run on the GPU machine from the project root, after staging the test bed and with the pair in
-SGLang's formats (tests/gpu_sglang/run.sh makes both):
+SGLang's formats (testbed/run.sh makes both):
 
     . .gpu-bundles/bin/env.sh
     python3 bench/sglang_e2e.py --pair DIR --prompts heldout_prompts.json --out OUT [--quick]
 
-One server per configuration (bench/sglang_servers.py; all started together, measured one at a
+One server per configuration (testbed/servers.py; all started together, measured one at a
 time so that no two share the GPU while timed): NONE, DFLASH and DDTREE at budgets
 8/16/32/64/128 x caps 4/8/budget, CUDA graphs on. For each: batch 1 (one request at a time) and
 batch 8 (8 in flight), temperature 0 and 0.7 (top-p 0.9, top-k 50), the held-out prompts x
@@ -22,7 +22,7 @@ outputs equal NONE's. Writes OUT/results.json, OUT/table.md and
 OUT/tokens_per_s.png; prints the table.
 
 Where the time goes: `--profile NAME,...` adds, for each DDTREE configuration named, a second
-server with the worker's step profiler on (ddtree.sglang.profile: every stage timed with a device
+server with the worker's step profiler on (ddtree.sglang.diagnostics.profile: every stage timed with a device
 synchronisation after it, so it runs slower and is kept out of the speed table), measured at each
 batch size at temperature 0; its medians per stage go to OUT/profile.md. `--trace NAME,...` takes
 SGLang's own torch-profiler trace (CPU + GPU, /start_profile) of a few steps of one request on
@@ -39,9 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import sglang_servers as servers  # noqa: E402
+from testbed import servers
 
 BUDGETS = (8, 16, 32, 64, 128)
 CAPS = ("4", "8", "budget")
@@ -168,7 +166,7 @@ class ProfileRow:
 def profile_rows(server: servers.Server, prompts: list[list[int]], batches: list[int],
                  max_new_tokens: int) -> list[ProfileRow]:
     """Drive a profiled server at each batch size (temperature 0) and read its last line per batch size."""
-    from ddtree.sglang.profile import parse_profile_lines
+    from ddtree.sglang.diagnostics.profile import parse_profile_lines
 
     for batch in batches:
         measure(server, prompts, batch, 0.0, max_new_tokens)

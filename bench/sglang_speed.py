@@ -2,11 +2,11 @@
 sweep finds, side by side inside the real SGLang 0.5.23 server at 1, 8, 16, 32 and 48 running requests (issue 45,
 item 3; the GPU test bed).
 
-Run on the GPU machine from the project root after staging, with a pair in SGLang's formats (bench/speed_sweep.sh
+Run on the GPU machine from the project root after staging, with a pair in SGLang's formats (testbed/speed_sweep.sh
 trains one, exports it and runs this):
 
     . .gpu-bundles/bin/env.sh
-    python3 bench/sglang_speed.py --pair DIR --prompts heldout.json --train-prompts train.json --out OUT
+    python3 -m bench.sglang_speed --pair DIR --prompts heldout.json --train-prompts train.json --out OUT
 
 Prompts: a mixed set - prompts cut from files the pair was trained on (its draft accepts long runs there, as a real
 draft does on code or maths) alternating with held-out ones (it accepts less there), 17..242 tokens long. Each load
@@ -35,7 +35,7 @@ a given schedule instead of the one found (BUDGET or BUDGET/CAP, each a schedule
 Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load,
 its cost beside its twins), OUT/table.md (tokens/s by load, the schedule beside its twins, the stage profile, the
 issue's targets), OUT/tokens_per_s.png (tokens/s by load, per overlap mode), OUT/none_outputs.json (NONE's answers
-by overlap mode and load), OUT/answers.json (every speculative row's answers, for tests/gpu_sglang/speed_partings.py
+by overlap mode and load), OUT/answers.json (every speculative row's answers, for testbed/speed_partings.py
 to judge their partings from NONE's); prints the tables. The targets (targets()): the best DDTREE with the overlap scheduler
 >= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the production candidate)
 never below max(NONE, DFLASH) (each its faster overlap mode) at any load; step efficiency
@@ -50,12 +50,10 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import sglang_e2e as e2e
+from testbed import servers
 
-import sglang_e2e as e2e  # noqa: E402
-import sglang_servers as servers  # noqa: E402
-
-from ddtree.settings import DDTreeConfigError, WidthSchedule, parse_schedule  # noqa: E402
+from ddtree.settings import DDTreeConfigError, WidthSchedule, parse_schedule
 
 LOADS = (1, 8, 16, 32, 48)
 BUDGETS = (8, 16, 32, 64)
@@ -478,7 +476,7 @@ NONE_ANSWERS = "none_outputs.json"   # NONE's: {reference_key: [[ids]]}, the oth
 
 def save_answers(out: Path, config: str, load: int, outputs: list[list[int]]) -> None:
     """A speculative row's answers (its slower pass) beside NONE's, so its partings from NONE can be judged
-    afterwards (tests/gpu_sglang/speed_partings.py) instead of only counted."""
+    afterwards (testbed/speed_partings.py) instead of only counted."""
     path = out / ANSWERS
     saved = json.loads(path.read_text()) if path.is_file() else {}
     saved.setdefault(config, {})[str(load)] = outputs
@@ -595,7 +593,22 @@ def given_schedules(args, modes: tuple[bool, ...]) -> dict[bool, WidthSchedule]:
     return given
 
 
-def main(argv=None) -> int:
+@dataclass
+class Run:
+    """The command line as read and checked: the arguments, the loads, the overlap modes, the given schedules, the
+    earlier jobs' results files, the pair's chain (budget, cap)."""
+
+    args: argparse.Namespace
+    loads: tuple[int, ...]
+    modes: tuple[bool, ...]
+    given: dict[bool, WidthSchedule]
+    row_files: list[Path]
+    chain: tuple[int, int]
+    out: Path
+
+
+def arguments(argv=None) -> Run:
+    """The command line, each value checked (argparse's error names the flag and the value)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", required=True, help="the pair in SGLang's formats (target/, draft/)")
     ap.add_argument("--prompts", required=True, help="held-out prompts (JSON list of token-id lists)")
@@ -640,46 +653,60 @@ def main(argv=None) -> int:
         chain = chain_of(Path(args.pair))
     except ValueError as err:
         ap.error(str(err))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    heldout, seen = (json.loads(Path(p).read_text()) for p in (args.prompts, args.train_prompts))
-    prompts = {load: mixed_prompts(heldout, seen, prompts_per_load(load)) for load in loads}
-    rows: list[SpeedRow] = rows_from(row_files)
-    references = references_from(row_files)
-    if args.phase in ("all", "fixed"):
-        fleet = servers.Fleet(Path(args.pair), out / "logs")
-        try:                                       # NONE first: the reference
-            measure_fleet(fleet, fixed_configs(tuple(int(b) for b in args.budgets.split(",")), modes,
-                                               None if args.no_chain else chain,
-                                               tuple(int(b) for b in args.auto.split(",") if b),
-                                               tuple(int(c) for c in args.caps.split(",")),
-                                               tuple(c for c in args.configs.split(",") if c)), prompts,
-                          loads, args.max_new_tokens, rows, out, args.start_timeout, references, args.one_at_a_time)
-        finally:
-            fleet.stop_all()
+    return Run(args, loads, modes, given, row_files, chain, Path(args.out))
+
+
+def phase_fixed(run: Run, prompts: dict[int, list[list[int]]], rows: list[SpeedRow], references: dict) -> None:
+    """Phase 1: every fixed setting's rows (NONE first: the reference), the fleet stopped afterwards."""
+    args = run.args
+    fleet = servers.Fleet(Path(args.pair), run.out / "logs")
+    try:
+        configs = fixed_configs(tuple(int(b) for b in args.budgets.split(",")), run.modes,
+                                None if args.no_chain else run.chain, tuple(int(b) for b in args.auto.split(",") if b),
+                                tuple(int(c) for c in args.caps.split(",")),
+                                tuple(c for c in args.configs.split(",") if c))
+        measure_fleet(fleet, configs, prompts, run.loads, args.max_new_tokens, rows, run.out, args.start_timeout,
+                      references, args.one_at_a_time)
+    finally:
+        fleet.stop_all()
+
+
+def phase_schedule(run: Run, prompts: dict[int, list[list[int]]], rows: list[SpeedRow],
+                   references: dict) -> tuple[dict[bool, WidthSchedule], list[e2e.ProfileRow]]:
+    """Phase 2: per overlap mode the given or found schedule, measured in turn with its twins where it has several
+    widths (and only in the schedule or all phases); returns the schedules and the step profiles."""
+    args = run.args
     schedules: dict[bool, WidthSchedule] = {}
     profiles: list[e2e.ProfileRow] = []
-    for i, overlap in enumerate(modes):
+    for i, overlap in enumerate(run.modes):
         try:
-            schedules[overlap] = given.get(overlap) or found_schedule(rows, loads, overlap)
+            schedules[overlap] = run.given.get(overlap) or found_schedule(rows, run.loads, overlap)
         except ValueError as err:
             print(f"no schedule for overlap {overlap}: {err}", flush=True)
             continue
-        print(f"{'given' if overlap in given else 'found'} schedule (overlap {overlap}): {schedule_label(schedules[overlap])}",
-              flush=True)
+        print(f"{'given' if overlap in run.given else 'found'} schedule (overlap {overlap}): "
+              f"{schedule_label(schedules[overlap])}", flush=True)
         if args.phase in ("all", "schedule") and len(schedules[overlap].steps) > 1:
-            fleet = servers.Fleet(Path(args.pair), out / "logs", base_port=SCHEDULE_PORTS + 100 * i)
+            fleet = servers.Fleet(Path(args.pair), run.out / "logs", base_port=SCHEDULE_PORTS + 100 * i)
             try:
-                profiles += measure_schedule(fleet, schedules[overlap], overlap, prompts, loads, args.max_new_tokens,
-                                             rows, out, args.start_timeout, references, not args.no_profile)
+                profiles += measure_schedule(fleet, schedules[overlap], overlap, prompts, run.loads,
+                                             args.max_new_tokens, rows, run.out, args.start_timeout, references,
+                                             not args.no_profile)
             finally:
                 fleet.stop_all()
+    return schedules, profiles
+
+
+def write_report(run: Run, rows: list[SpeedRow], schedules: dict[bool, WidthSchedule],
+                 profiles: list[e2e.ProfileRow]) -> str:
+    """results.json, schedule.json, table.md and tokens_per_s.png under OUT; returns the table's text."""
+    out, loads = run.out, run.loads
     save_rows(rows, out)
     report = schedule_report(schedules, rows, loads)
     candidate = report.get("overlap", {}).get("server", found_name(True))
     found = targets(rows, loads, candidate) + auto_targets(rows, loads)
     (out / "schedule.json").write_text(json.dumps(report, indent=1))
-    beside = {name: schedule_cost(rows, name, loads) for name in map(found_name, modes)}
+    beside = {name: schedule_cost(rows, name, loads) for name in map(found_name, run.modes)}
     costs = "\n\n".join(f"{name} beside its twins (measured in turn):\n\n{cost_table(c)}"
                         for name, c in beside.items() if c)
     stages = f"step profile at 1 request (median ms host / total):\n\n{e2e.profile_table(profiles)}" if profiles else ""
@@ -691,9 +718,21 @@ def main(argv=None) -> int:
         load_plot(rows, loads, out / "tokens_per_s.png")
     except ImportError as err:             # the GPU test bed's bundles need not carry matplotlib: the table stands
         print(f"no tokens_per_s.png: {err} (the table and results.json are written)", flush=True)
-    print(text)
-    return 0
+    return text
 
+
+def main(argv=None) -> int:
+    run = arguments(argv)
+    run.out.mkdir(parents=True, exist_ok=True)
+    heldout, seen = (json.loads(Path(p).read_text()) for p in (run.args.prompts, run.args.train_prompts))
+    prompts = {load: mixed_prompts(heldout, seen, prompts_per_load(load)) for load in run.loads}
+    rows: list[SpeedRow] = rows_from(run.row_files)
+    references = references_from(run.row_files)
+    if run.args.phase in ("all", "fixed"):
+        phase_fixed(run, prompts, rows, references)
+    schedules, profiles = phase_schedule(run, prompts, rows, references)
+    print(write_report(run, rows, schedules, profiles))
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
 """Tensor-parallel DDTree candidates over NCCL: merged shards equal the unsharded tree, graphs replay.
 
 Run on a machine with several GPUs (or one, world size 1):
-    PYTHONPATH=src python3 bench/tp_merge.py [--world N] [--quick] [--out FILE]
-    PYTHONPATH=src python3 bench/tp_merge.py --backend gloo --world 2 --quick   # CPU check of this script
+    PYTHONPATH=src python3 -m bench.tp_merge [--world N] [--quick] [--out FILE]
+    PYTHONPATH=src python3 -m bench.tp_merge --backend gloo --world 2 --quick   # CPU check of this script
 
 One process per GPU (torch.multiprocessing, NCCL, rendezvous on 127.0.0.1). For every
 (bs, L, budget) with vocabulary 163,840 sharded evenly over the ranks and top-k cap 8, every rank
@@ -63,7 +63,7 @@ def configs(quick: bool, cuda: bool) -> list[tuple[str, int, int, int]]:
 def timed(fn, reps: int = 20, cuda: bool = True) -> float:
     """Mean ms per call: CUDA events (tree_build.time_ms) on a GPU, the host clock on CPUs."""
     if cuda:
-        from tree_build import time_ms
+        from bench.tree_build import time_ms
 
         return time_ms(fn, reps)
     fn()
@@ -76,7 +76,7 @@ def timed(fn, reps: int = 20, cuda: bool = True) -> float:
 def graph_matches_eager(step, fill):
     """Capture step() (tree_build.graph_of), replay it on fresh logits, compare with eager; -> (exact, graph)."""
     import torch
-    from tree_build import graph_of
+    from bench.tree_build import graph_of
 
     graph, (g_cand, g_tree) = graph_of(step)
     exact = True

@@ -1,6 +1,6 @@
 """Device time of build_tree + verify_tree per decode step, against the reference algorithm.
 
-Run on a CUDA GPU (the lent H200):  PYTHONPATH=src python3 bench/tree_build.py [--bs 1 8] [--depths 7]
+Run on a CUDA GPU (the lent H200):  PYTHONPATH=src python3 -m bench.tree_build [--bs 1 8] [--depths 7]
 [--budgets 32] [--iters 30] [--out FILE] (a short run: fewer sizes and iterations)
 
 For every (bs, L, budget, topk_cap) it times, with V = 163,840 bf16 logits:

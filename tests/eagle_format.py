@@ -1,5 +1,5 @@
 """SGLang's EAGLE tree format for a DraftTree and a Verdict: what SGLang's own tree kernels read and write.
-The plugin does not use it (its verify pass takes the FULL_MASK and positions, ddtree.sglang.glue); the unit tests
+The plugin does not use it (its verify pass takes the FULL_MASK and positions, ddtree.sglang.step.glue); the unit tests
 hold the tree and the verdict to this layout, as SGLang's tree builders fill it (test-only, out of src: issue 46).
 """
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree.sglang.glue import full_mask
+from ddtree.sglang.step.glue import full_mask
 from ddtree.types import DraftTree, Verdict
 
 

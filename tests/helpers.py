@@ -48,18 +48,6 @@ def chi_square_pvalue(samples, want: dict) -> float:
     return float(stats.chisquare(obs, exp).pvalue)
 
 
-def import_bench(name: str):
-    """Import bench/<name>.py as a module (bench/ on sys.path, so spawned processes find it too)."""
-    import importlib
-    import sys
-    from pathlib import Path
-
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    return importlib.import_module(name)
-
-
 def two_sample_chi_square_pvalue(a, b) -> float:
     """Chi-square test that two samples (iterables of hashable outcomes) come from one distribution.
 
@@ -141,14 +129,14 @@ def self_signed(folder, name: str = "k26-gateway.test"):
 
 
 def speed_sweep_train(speed_dir, **env: str) -> str:
-    """`bench/speed_sweep.sh train` in SPEED_DIR=speed_dir on the CPU: the small size, seconds of training, two
+    """`testbed/speed_sweep.sh train` in SPEED_DIR=speed_dir on the CPU: the small size, seconds of training, two
     prompts for the offline accept count; `env` adds or overrides variables. Its stdout; the run must succeed."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=root, capture_output=True, text=True,
+    r = subprocess.run(["bash", "testbed/speed_sweep.sh", "train"], cwd=root, capture_output=True, text=True,
                        timeout=300, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                                          "SPEED_DIR": str(speed_dir), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small",
                                          "TRAIN_MINUTES": "0.03",
@@ -159,10 +147,10 @@ def speed_sweep_train(speed_dir, **env: str) -> str:
 
 
 def speed_sweep_snapshot(speed_dir, out):
-    """`bench/speed_sweep.sh snapshot` for SPEED_DIR=speed_dir with OUT=out -> the CompletedProcess (not checked)."""
+    """`testbed/speed_sweep.sh snapshot` for SPEED_DIR=speed_dir with OUT=out -> the CompletedProcess (not checked)."""
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    return subprocess.run(["bash", "bench/speed_sweep.sh", "snapshot"], cwd=root, capture_output=True, text=True,
+    return subprocess.run(["bash", "testbed/speed_sweep.sh", "snapshot"], cwd=root, capture_output=True, text=True,
                           timeout=60, env={"PATH": "/usr/bin:/bin", "SPEED_DIR": str(speed_dir), "OUT": str(out)})

@@ -5,7 +5,7 @@
 #   tools/fetch_smg_wheel.sh [DIR]     -> DIR/smg1/smg.part00, DIR/smg2/smg.part01, DIR/smg3/smg.part02
 #                                          (+ smg.name in each); DIR defaults to .gpu-bundles
 # On the GPU machine, copy each part into one folder (SMG_PARTS) as it arrives;
-# tests/gpu_sglang/run.sh --production joins and installs them.
+# testbed/run.sh --production joins and installs them.
 set -euo pipefail
 OUT=$(realpath -m "${1:-.gpu-bundles}"); W=$(mktemp -d)
 pin=$(grep -E '^smg==' requirements/gateway.txt)

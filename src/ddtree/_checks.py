@@ -8,16 +8,16 @@ environment variable DDTREE_DEBUG=1 asks for them, and never while a CUDA graph 
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from ddtree import switches
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def debug_enabled() -> bool:
-    """True when DDTREE_DEBUG=1 (expensive value checks such as NaN scans)."""
-    return os.environ.get("DDTREE_DEBUG", "0") == "1"
+    """True when DDTREE_DEBUG is on (expensive value checks such as NaN scans; ddtree.switches)."""
+    return bool(switches.one("debug"))
 
 
 def capturing(t: torch.Tensor) -> bool:

@@ -5,7 +5,7 @@
   _merge_kernel  grid (bs*L,):   log-normaliser of the row and its top-K candidates
   _tree_kernel   grid (bs,):     level-by-level expansion, global selection, node order,
                  parents and the ancestor mask of one request
-and for the SGLang decode step (ddtree.sglang.glue), one launch each:
+and for the SGLang decode step (ddtree.sglang.step.glue), one launch each:
   _verify_mask_kernel  grid (bs, N, chunks): the FULL_MASK and the nodes' positions
   _commit_kernel       grid (bs,): the accepted path kept by permuting the request's reserved
                        window in its token-table row, plus what the draft and the scheduler need
@@ -278,7 +278,7 @@ if triton is not None:
                        pool_ptr, req_to_token_ptr, r2t_stride, out_tokens_ptr, commit_lens_ptr, new_lens_ptr,
                        draft_slots_ptr, hidden_rows_ptr, positions_ptr, width, steps,
                        NB: tl.constexpr, SB: tl.constexpr):
-        """One request's commit (see ddtree.sglang.glue.commit_step): the window permuted so the
+        """One request's commit (see ddtree.sglang.step.glue.commit_step): the window permuted so the
         accepted path's slots come first in path order and the other slots follow in node order,
         written into its token-table row; the draft's slots, verify rows and positions of the path."""
         b = tl.program_id(0).to(tl.int64)
@@ -440,7 +440,7 @@ def verify_mask_into(ancestor_mask: torch.Tensor, depths: torch.Tensor, prefix_l
 def commit_into(accepted: torch.Tensor, tokens: torch.Tensor, accept_len: torch.Tensor, window: torch.Tensor,
                 draft_ids: torch.Tensor, prefix_lens: torch.Tensor, req_pool_indices: torch.Tensor,
                 req_to_token: torch.Tensor, out) -> None:
-    """One launch of _commit_kernel into `out` (a ddtree.sglang.glue.Commit that commit_step allocated)."""
+    """One launch of _commit_kernel into `out` (a ddtree.sglang.step.glue.Commit that commit_step allocated)."""
     bs, width = window.shape
     steps = accepted.shape[1]
     if req_to_token.stride(1) != 1:

@@ -3,18 +3,17 @@
 `resolve_backend` picks 'triton' on CUDA when Triton imports, else 'torch' (DDTREE_BACKEND or an
 explicit argument overrides); `kernels` hands out ddtree._triton. Triton is an optional
 dependency, so _triton is imported here on first use only: a CPU-only install never imports it.
-Layering: backend imports _checks (and _triton lazily); tree, verify, tp and the SGLang glue
+Layering: backend imports _checks and switches (and _triton lazily); tree, verify, tp and the SGLang glue
 import backend; _triton imports only ddtree.types.
 """
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
 import torch
 
-from ddtree import _checks
+from ddtree import _checks, switches
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -28,7 +27,7 @@ def kernels() -> ModuleType:
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     """'triton' on CUDA when Triton imports, else 'torch'; DDTREE_BACKEND or `backend` overrides."""
-    choice = backend or os.environ.get("DDTREE_BACKEND") or "auto"
+    choice = backend or switches.one("backend")       # DDTREE_BACKEND, checked by the registry
     if choice not in BACKENDS:
         raise _checks.fail("backend", choice, "expected 'auto', 'torch' or 'triton' (also DDTREE_BACKEND)")
     if choice == "auto":

@@ -2,7 +2,7 @@
 
 budget (draft-tree nodes verified per step, width budget + 1 with the root), topk_cap (candidates
 per depth) and the draft's block size (the bonus slot + L = block - 1 depths). The SGLang plugin
-(`ddtree.sglang.refusals`), the reference server's CLI (`ddtree.serve.cli`) and the reference
+(`ddtree.sglang.setup.refusals`), the reference server's CLI (`ddtree.serve.cli`) and the reference
 engine (`ddtree.reference.engine`) check their values here; the deployment's preflight checks the
 same ranges before any change (`roles/preflight/vars/main.yml` holds the same limits, and
 `tests/ansible/test_static.py` checks that they agree with this module).

@@ -236,7 +236,7 @@ def test_a_budget_schedule_renders_as_written_and_ddtree_serve_takes_it(tmp_path
 
 
 def test_the_width_policy_renders_as_written_and_the_plugin_reads_it(tmp_path, vault_pass):
-    from ddtree.sglang.server_env import block_to_env, schedule_from_env, schedule_to_env
+    from ddtree.sglang.setup.server_env import block_to_env, schedule_from_env, schedule_to_env
 
     files = render("production", tmp_path, vault_pass, "-e", json.dumps({"k26_ddtree_budget": "auto:8,16"}))
     flags = exec_flags(files["k26-gpu-01.service"])
@@ -395,7 +395,7 @@ def test_preflight_refuses_a_width_policy_it_cannot_serve(tmp_path, sglang_pair_
 def test_nothing_asks_for_a_removed_plugin_switch(removed):
     """The schedule's and the overlap scheduler's switches are gone from the plugin (issue 45): nothing of the
     deploy, the sweep or the defaults may still ask for them."""
-    from ddtree.sglang import switches
+    from ddtree import switches
 
     assert removed not in {s.name for s in switches.SWITCHES}
     for path in ("roles/preflight/tasks/relations.yml", "roles/preflight/vars/main.yml", "playbooks/sweep.yml",

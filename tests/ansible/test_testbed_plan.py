@@ -1,6 +1,6 @@
 """The GPU test bed runs the production example's unit changed only as testbed.yml lists.
 
-tests/gpu_sglang/production_plan.py renders inventory/production through the real templates
+testbed/production_plan.py renders inventory/production through the real templates
 twice, as it is and with the test bed's substitutions, and refuses any difference testbed.yml
 does not list; these tests render the same way (Ansible on the controller) and check that rule
 catches what it must.
@@ -14,7 +14,7 @@ import json
 import pytest
 
 from tests.ansible.test_static import PRODUCTION_FLAGS
-from tests.gpu_sglang import production_plan as pp
+from testbed import production_plan as pp
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ def run(*args, timeout=600):
 
 def test_train_pair_then_e2e_on_the_cpu(tmp_path):
     # the small size: the default (h200, 25M parameters) spent 3 minutes of make test's CPU lane here
-    out = run("bench/train_pair.py", "--out", str(tmp_path), "--size", "small", "--minutes", "0.05", "--batch", "4",
+    out = run("-m", "training.train_pair", "--out", str(tmp_path), "--size", "small", "--minutes", "0.05", "--batch", "4",
               "--seq", "64", "--prompts", "3", "--device", "cpu")
     assert "held-out" in out
     report = json.loads((tmp_path / "train.json").read_text())
@@ -31,7 +31,7 @@ def test_train_pair_then_e2e_on_the_cpu(tmp_path):
     assert len(report["drafts"]["b16"]["heldout_top1_by_depth"]) == 15
     prompts = json.loads((tmp_path / "heldout_prompts.json").read_text())
     assert len(prompts) == 3 and all(p[0] == 256 and len(p) == 257 for p in prompts)
-    e2e = ("bench/e2e.py", "--device", "cpu", "--modes", "eager", "--in-process", "--pair", str(tmp_path / "b8"),
+    e2e = ("-m", "bench.e2e", "--device", "cpu", "--modes", "eager", "--in-process", "--pair", str(tmp_path / "b8"),
            "--prompts", str(tmp_path / "heldout_prompts.json"), "--num-prompts", "2", "--warmup", "1", "--steps", "2",
            "--budgets", "4,8", "--caps", "2,budget", "--batches", "1", "--offline-check",
            "--json", str(tmp_path / "e2e.json"))
@@ -43,7 +43,7 @@ def test_train_pair_then_e2e_on_the_cpu(tmp_path):
     rows = json.loads((tmp_path / "e2e.json").read_text())["rows"]
     assert rows[:len(first)] == first and {r["temperature"] for r in rows[len(first):]} == {0.7}
     # rendering merges saved rows into the tables and the plot without measuring
-    out = run("bench/e2e.py", "--render", str(tmp_path / "e2e.json"), "--out", str(tmp_path / "e2e.md"),
+    out = run("-m", "bench.e2e", "--render", str(tmp_path / "e2e.json"), "--out", str(tmp_path / "e2e.md"),
               "--png", str(tmp_path / "e2e.png"))
     assert "| ddtree | 8 | 8 | 1 | 0.7 | eager |" in (tmp_path / "e2e.md").read_text()
     assert {(r["method"], r["budget"], r["cap"]) for r in rows} >= {("ar", 1, 1), ("dflash", 7, 1), ("ddtree", 4, 2),
@@ -59,7 +59,7 @@ def test_a_draft_distilled_on_a_loaded_targets_greedy_tokens(tmp_path):
     """--target-from keeps the given target (its weights unchanged) and trains drafts only; --distill draws that
     share of the draft's batches from the target's greedy continuations and reports the draft's top-1 on the
     target's greedy continuations of held-out text; bad values name the flag."""
-    base = ("bench/train_pair.py", "--size", "small", "--batch", "4", "--seq", "64", "--prompts", "2",
+    base = ("-m", "training.train_pair", "--size", "small", "--batch", "4", "--seq", "64", "--prompts", "2",
             "--device", "cpu", "--block-sizes", "8")
     run(*base, "--out", str(tmp_path / "first"), "--minutes", "0.03")
     out = run(*base, "--out", str(tmp_path / "second"), "--minutes", "0.05", "--target-from", str(tmp_path / "first/b8"),
@@ -90,7 +90,7 @@ def test_a_draft_distilled_on_a_loaded_targets_greedy_tokens(tmp_path):
                            timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
         assert r.returncode != 0 and said in r.stderr, r.stderr[-500:]
     assert not (tmp_path / "bad").exists()
-    r = subprocess.run([sys.executable, *base[:2], "h200", *base[3:], "--out", str(tmp_path / "bad"), "--minutes", "0.03",
+    r = subprocess.run([sys.executable, *base[:3], "h200", *base[4:], "--out", str(tmp_path / "bad"), "--minutes", "0.03",
                         "--target-from", str(tmp_path / "first/b8")], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
     assert r.returncode != 0 and "is invalid with --size h200" in r.stderr, r.stderr[-500:]
@@ -98,10 +98,9 @@ def test_a_draft_distilled_on_a_loaded_targets_greedy_tokens(tmp_path):
 
 def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
     """bench/sglang_e2e.py's arithmetic and outputs on hand-made answers (the servers run on the GPU)."""
-    from tests.helpers import import_bench
 
-    e2e = import_bench("sglang_e2e")
-    servers = import_bench("sglang_servers")
+    from bench import sglang_e2e as e2e
+    from testbed import servers
     none = [{"output_ids": [1, 2, 3, 4], "meta_info": {}}, {"output_ids": [5, 6, 7, 8], "meta_info": {}}]
     tree = [{"output_ids": [1, 2, 3, 4], "meta_info": {"spec_accept_length": 3.0, "spec_verify_ct": 1}},
             {"output_ids": [5, 6, 7, 9], "meta_info": {"spec_accept_length": 1.5, "spec_verify_ct": 2}}]
@@ -134,9 +133,8 @@ def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
 
 
 def test_server_configurations_by_name_draft_tp_and_profiler(tmp_path):
-    from tests.helpers import import_bench
 
-    servers = import_bench("sglang_servers")
+    from testbed import servers
     c = servers.config("ddtree-b64-c8-graphs-k16-tp2-profile")
     assert (c.algorithm, c.budget, c.cap, c.draft, c.tp) == ("DDTREE", 64, 8, "draft16", 2)
     assert dict(c.env) == {"SGLANG_DDTREE_PROFILE_STEPS": str(servers.PROFILE_STEPS)}
@@ -152,9 +150,8 @@ def test_server_configurations_for_kimis_paths(tmp_path):
     """The Kimi-shaped pair's variants (issue 31): the wrapper's target with remote code, the INT4 target under
     SGLang's Triton MoE runner, FlashInfer attention, the radix cache with the Python tree core and the strict
     idle check - each an argument the server really gets."""
-    from tests.helpers import import_bench
 
-    servers = import_bench("sglang_servers")
+    from testbed import servers
 
     def arg(args, flag):
         return args[args.index(flag) + 1]
@@ -177,14 +174,14 @@ def test_server_configurations_for_kimis_paths(tmp_path):
 
 
 def test_profile_table_from_a_servers_log(monkeypatch):
-    from ddtree.sglang.profile import StepProfile
-    from tests.helpers import import_bench
+    from ddtree.sglang.diagnostics.profile import StepProfile
 
-    e2e = import_bench("sglang_e2e")
+    from bench import sglang_e2e as e2e
+    from testbed import servers
     line = StepProfile(1, 40, {"between": (0.9, 0.9), "draft": (0.5, 0.6), "step": (3.0, 3.0)}).line()
 
     class FakeServer:
-        config = import_bench("sglang_servers").config("ddtree-b32-c8-graphs-profile")
+        config = servers.config("ddtree-b32-c8-graphs-profile")
 
         def log_text(self):
             return f"[2026] INFO x\n[2026] {line}\n"
@@ -197,9 +194,8 @@ def test_profile_table_from_a_servers_log(monkeypatch):
 
 
 def test_forward_seconds_read_from_sglangs_metrics_leave_out_prefill(monkeypatch):
-    from tests.helpers import import_bench
 
-    servers = import_bench("sglang_servers")
+    from testbed import servers
     server = servers.Server(servers.NONE, 13000, Path("/dev/null"))      # no server: its metrics are given below
     text = ("# HELP sglang:forward_execution_seconds_total Total time that GPU is busy\n"
             'sglang:forward_execution_seconds_total{category="target_verify",model_name="m"} 1.5\n'

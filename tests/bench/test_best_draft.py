@@ -1,4 +1,4 @@
-"""bench/best_draft.py: the draft chosen among trainings side by side is the one whose DFLASH chain accepts most
+"""training/best_draft.py: the draft chosen among trainings side by side is the one whose DFLASH chain accepts most
 (issue 45's bar is DFLASH's), DDTREE b64 breaking a tie; folders without a draft's accept lengths are listed and
 never chosen."""
 
@@ -24,7 +24,7 @@ def trained(folder: Path, block: int, chain: float, b64: float, steps: int | Non
 
 
 def pick(*folders: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bench/best_draft.py", *map(str, folders)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "training.best_draft", *map(str, folders)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -9,12 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import import_bench
 from tests.reference.conftest import small_vocab_pair
 
 
 def test_depth_weights_average_one_and_fall_by_the_decay():
-    train_pair = import_bench("train_pair")
+    from training import train_pair
     assert torch.equal(train_pair.depth_weights(7, 0.0), torch.ones(7))
     w = train_pair.depth_weights(7, 4.0)
     assert w.mean().item() == pytest.approx(1.0)
@@ -23,7 +22,7 @@ def test_depth_weights_average_one_and_fall_by_the_decay():
 
 @pytest.mark.parametrize("decay", [0.0, 3.0])
 def test_draft_loss_weights_each_depths_cross_entropy(decay):
-    train_pair = import_bench("train_pair")
+    from training import train_pair
     pair = small_vocab_pair(vocab=16, seed=2, std=0.3, block_size=4)
     x = torch.randint(2, 15, (3, 24), generator=torch.Generator().manual_seed(1))          # [bs, T]
     loss, accuracy = train_pair.draft_loss(pair.target, pair.draft, x, 5, torch.Generator().manual_seed(7),

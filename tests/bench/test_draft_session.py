@@ -1,4 +1,4 @@
-"""bench/draft_session.sh on the CPU with the small size: a fresh pair packed for carrying, then three drafts trained
+"""training/draft_session.sh on the CPU with the small size: a fresh pair packed for carrying, then three drafts trained
 on copies of its target side by side (A and B block 8 on from the pair's draft, B with its own depth decay and batch,
 C a new block-16 draft), one file of greedy continuations, snapshots of each, best_draft's pick on the last line."""
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def draft_session(tmp: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", "bench/draft_session.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        ["bash", "training/draft_session.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "ROOT": str(tmp / "speed"),
              "OUT": str(tmp / "out"), "TRAIN_DEVICE": "cpu", "TRAIN_SIZE": "small", "PAIR_MINUTES": "0.03",
              "DRAFT_MINUTES": "0.03", "SNAPSHOT_EVERY": "0.001", "DISTILL_WINDOWS": "8", "WIDE_BATCH": "8",

@@ -8,11 +8,10 @@ import json
 
 import pytest
 
-from ddtree.sglang.profile import StepProfile
-from tests.helpers import import_bench
+from ddtree.sglang.diagnostics.profile import StepProfile
 
-rank = import_bench("kimi_rank")
-cm = import_bench("cost_model")
+from bench import kimi_rank as rank
+from bench import cost_model as cm
 
 
 def test_the_rank_slice_has_one_tp8_ranks_widths_int4_experts_and_the_drafts_layout(tmp_path):

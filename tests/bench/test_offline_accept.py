@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from ddtree.reference import generate
-from tests.helpers import import_bench
 from tests.reference.conftest import small_vocab_pair
 
 
@@ -28,7 +27,7 @@ def engine_accept(pair, prompts, new_tokens, budget, cap, method):
 
 
 def test_offline_accept_equals_the_engines_own_steps(pair):
-    train_pair = import_bench("train_pair")
+    from training import train_pair
     prompts = [[0, 2, 3, 4, 2], [0, 3], [0, 4, 4, 2, 3, 5, 2], [0, 5, 3]]      # seen, held-out, seen, held-out
     found = {a.tree: a for a in train_pair.offline_accepts(pair, prompts, 20)}
     assert list(found) == ["chain b3 c1", "b32 c8", "b64 c8"]

@@ -1,4 +1,4 @@
-"""bench/offline_accept.py: a draft's offline accept lengths counted here for a pair whose train.json has none (a
+"""training/offline_accept.py: a draft's offline accept lengths counted here for a pair whose train.json has none (a
 snapshot put over its pair) are the ones train_pair.py counts at the end of a training, and best_draft.py then
 ranks the folder; a folder that is no trained pair, or a snapshot without its target, is refused by name."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tool(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bench/offline_accept.py", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "training.offline_accept", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
 
 
@@ -30,7 +30,7 @@ def test_counted_here_equals_the_trainings_own_count_and_best_draft_ranks_it(tmp
     assert r.returncode == 0, r.stderr
     assert json.loads(report_file.read_text())["drafts"]["b8"]["offline_accept"] == counted
     assert "b8: chain b7 c1" in r.stdout
-    r = subprocess.run([sys.executable, "bench/best_draft.py", str(tmp_path / "speed")], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "training.best_draft", str(tmp_path / "speed")], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == str(tmp_path / "speed"), r.stdout + r.stderr
 

@@ -1,4 +1,4 @@
-"""The probes' shared loop (bench/sglang_servers.probe_servers) and the Kimi probe's configurations,
+"""The probes' shared loop (testbed.servers.probe_servers) and the Kimi probe's configurations,
 on the CPU with stand-in servers: no GPU, no SGLang."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import kimi_probe  # noqa: E402
-import sglang_servers as harness  # noqa: E402
+from bench import kimi_probe
+from testbed import servers as harness
 
 
 class StandIn:
@@ -70,7 +69,7 @@ def test_first_divergence_is_one_answer_for_the_probes_and_the_gpu_tests():
 
 
 def test_no_bench_script_imports_a_test_module():
-    """Benchmarks are operators' tools: they share the GPU harness (bench/sglang_servers.py), never a test."""
+    """Benchmarks are operators' tools: they share the GPU harness (testbed/servers.py), never a test."""
     importers = [p.name for p in (ROOT / "bench").glob("*.py")
                  if any(line.startswith(("from tests", "import tests")) for line in p.read_text().splitlines())]
     assert importers == []

@@ -1,4 +1,4 @@
-"""bench/put_draft.sh on the CPU: a draft brought back alone (speed_sweep.sh PACK=draft) put over the carried pair
+"""training/put_draft.sh on the CPU: a draft brought back alone (speed_sweep.sh PACK=draft) put over the carried pair
 whose target it was trained on, parted again; the next session's speed_sweep.sh finds that pair trained. A block-16
 draft takes the target into its own folder; a missing part or a used output folder writes nothing."""
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def put(*args: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "bench/put_draft.sh", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run(["bash", "training/put_draft.sh", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={"PATH": "/usr/bin:/bin"})
 
 

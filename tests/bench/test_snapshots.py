@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import import_bench, speed_sweep_snapshot, speed_sweep_train
+from tests.helpers import speed_sweep_snapshot, speed_sweep_train
 
 
 def test_the_last_snapshot_is_the_draft_as_trained_and_packs_like_a_draft(tmp_path):
@@ -48,7 +48,7 @@ def test_snapshot_before_any_is_written_says_so(tmp_path):
 
 
 def test_snapshot_flags_are_given_together(tmp_path, capsys):
-    train_pair = import_bench("train_pair")
+    from training import train_pair
     with pytest.raises(SystemExit):
         train_pair.main(["--out", str(tmp_path), "--device", "cpu", "--snapshot-every", "30"])
     assert "--snapshot-every 30.0 with --snapshot-dir None is invalid" in capsys.readouterr().err
@@ -59,7 +59,7 @@ def test_snapshot_flags_are_given_together(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def small_target(tmp_path_factory):
-    train_pair = import_bench("train_pair")
+    from training import train_pair
     from ddtree.reference.pair import save_model
     from ddtree.reference.target import TargetLM
 
@@ -71,7 +71,7 @@ def small_target(tmp_path_factory):
 
 
 def test_the_distill_cache_is_read_not_made_again(tmp_path, small_target):
-    train_pair = import_bench("train_pair")
+    from training import train_pair
     target, weights = small_target
     data = torch.randint(0, 256, (4096,))
     cache = tmp_path / "distill.safetensors"
@@ -87,7 +87,7 @@ def test_the_distill_cache_is_read_not_made_again(tmp_path, small_target):
 
 
 def test_a_distill_cache_of_another_target_or_too_few_windows_is_refused(tmp_path, small_target):
-    train_pair = import_bench("train_pair")
+    from training import train_pair
     target, weights = small_target
     data = torch.randint(0, 256, (4096,))
     cache = tmp_path / "distill.safetensors"

@@ -1,4 +1,4 @@
-"""tests/gpu_sglang/speed_partings.py on a small trained speed pair (CPU): answers equal to NONE's are counted equal;
+"""testbed/speed_partings.py on a small trained speed pair (CPU): answers equal to NONE's are counted equal;
 an answer that parts where NONE took a token the float32 model ranks below its own choice passes as "exact"; a
 deliberate fault - an answer that takes a token the float32 model puts far below NONE's - is a real difference and
 fails the run; jobs without answers and prompt files that are not the sweep's are refused by name; the census of
@@ -20,7 +20,7 @@ TOKENS = 10
 
 
 def tool(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tests.gpu_sglang.speed_partings", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "testbed.speed_partings", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "PATH": "/usr/bin:/bin"})
 
@@ -31,10 +31,9 @@ def sweep(tmp_path_factory):
     greedy answers, TOKENS each), the referee and its target (bf16-rounded weights in float32)."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from sglang_speed import mixed_prompts, prompts_per_load
+    from bench.sglang_speed import mixed_prompts, prompts_per_load
 
-    from tests.gpu_sglang.referee import bf16_served_pair, target_referee
+    from testbed.referee import bf16_served_pair, target_referee
 
     speed = tmp_path_factory.mktemp("partings") / "speed"
     speed_sweep_train(speed)
@@ -103,7 +102,7 @@ def test_bad_input_is_named(sweep, tmp_path):
 
 
 def test_the_census_finds_where_float32_parts_from_nones_own_answer(sweep, tmp_path):
-    from tests.gpu_sglang import speed_partings
+    from testbed import speed_partings
 
     pair_dir, prompts, greedy, referee, target = sweep
     own = speed_partings.answer_ties(target, prompts[0], greedy[0])

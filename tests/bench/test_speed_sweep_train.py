@@ -1,4 +1,4 @@
-"""bench/speed_sweep.sh train on the CPU with the small size: a pair is trained once; DISTILL trains the draft of a
+"""testbed/speed_sweep.sh train on the CPU with the small size: a pair is trained once; DISTILL trains the draft of a
 pair already there again on its own target (a carried pair's), and is not repeated once done unless REDRAFT=1."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import import_bench, speed_sweep_train
+from tests.helpers import speed_sweep_train
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_pack_draft_brings_back_only_the_draft_and_its_report(tmp_path):
                             check=True).stdout.decode().split()
     assert set(listed) >= {"pair/b8/draft/model.safetensors", "pair/train.json"}
     assert not [n for n in listed if "target" in n]
-    r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    r = subprocess.run(["bash", "testbed/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "PACK": "yes", "SPEED_DIR": str(tmp_path / "never")})
     assert r.returncode == 2 and "PACK=yes is invalid: expected 0 (nothing), 1 (the whole pair) or draft" in r.stderr
     assert not (tmp_path / "never").exists()
@@ -80,8 +80,9 @@ def test_block_16_trains_a_new_draft_on_the_kept_target(tmp_path):
     subprocess.run([sys.executable, "-m", "ddtree.reference.export", "--pair", str(pair / "b16"), "--out",
                     str(tmp_path / "exported")], cwd=ROOT, check=True, capture_output=True, timeout=300,
                    env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
-    assert import_bench("sglang_speed").chain_of(tmp_path / "exported") == (15, 1)
-    r = subprocess.run(["bash", "bench/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    from bench import sglang_speed
+    assert sglang_speed.chain_of(tmp_path / "exported") == (15, 1)
+    r = subprocess.run(["bash", "testbed/speed_sweep.sh", "train"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "BLOCK": "12", "SPEED_DIR": str(tmp_path / "never")})
     assert r.returncode == 2 and "BLOCK=12 is invalid: expected 8 or 16" in r.stderr
     assert not (tmp_path / "never").exists()

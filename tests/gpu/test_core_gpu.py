@@ -7,7 +7,7 @@ import torch
 
 from ddtree import build_tree, verify_tree
 
-from ..helpers import assert_same_tree, assert_same_verdict, import_bench
+from ..helpers import assert_same_tree, assert_same_verdict
 
 pytestmark = pytest.mark.gpu
 VOCAB = 163_840
@@ -41,7 +41,8 @@ def test_build_and_verify_replay_exactly_in_a_cuda_graph():
         return tree, verify_tree(tree, target, 0.0)
 
     fill(0)
-    graph, (tree_g, verdict_g) = import_bench("tree_build").graph_of(step)
+    from bench import tree_build
+    graph, (tree_g, verdict_g) = tree_build.graph_of(step)
     for seed in (1, 2, 3):
         fill(seed)
         tree_e, verdict_e = step()

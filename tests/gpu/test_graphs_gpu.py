@@ -134,12 +134,12 @@ def build_use_and_drop(pair, rounds: int, close: bool) -> str | None:
 
 
 def trained_size_pair():
-    """Random weights in the shape bench/train_pair.py trains (25M bf16 target, block 16)."""
+    """Random weights in the shape training/train_pair.py trains (25M bf16 target, block 16)."""
     from ddtree.reference.pair import init_pair
 
-    from ..helpers import import_bench
 
-    target_cfg, draft_cfg = import_bench("train_pair").configs(16)
+    from training import train_pair
+    target_cfg, draft_cfg = train_pair.configs(16)
     return cuda_pair(torch.bfloat16, pair=init_pair(target_cfg, draft_cfg, seed=0))
 
 

@@ -1,4 +1,4 @@
-"""The width policy's device work as CUDA graphs (ddtree.sglang.step_policy.PolicyGraphs) on the GPU: what the
+"""The width policy's device work as CUDA graphs (ddtree.sglang.policy.step_policy.PolicyGraphs) on the GPU: what the
 graphs put in each step's slot and what they learn equal the eager path's, step by step, with running batches padded
 to the captured sizes and options of every width; a deliberate fault (the padding rows left unmasked) is caught."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree.sglang.step_policy import step_policy_for
+from ddtree.sglang.policy.step_policy import step_policy_for
 from ddtree.tree import build_tree_from_candidates
 from ddtree.types import Candidates
 from ddtree.width_policy import CostCurve

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddtree import build_tree, verify_tree
-from ddtree.sglang.glue import full_mask
+from ddtree.sglang.step.glue import full_mask
 from tests.eagle_format import accept_from_verdict, eagle_layout
 
 from ..helpers import chi_square_pvalue as chi_square_p

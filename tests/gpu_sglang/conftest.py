@@ -1,8 +1,8 @@
 """Fixtures of the SGLang GPU tests: the staged test bed, the trained pair, a fleet of servers.
 
-Needs (tests/gpu_sglang/run.sh sets them): the SGLang test bed on PYTHONPATH, a CUDA GPU, and
+Needs (testbed/run.sh sets them): the SGLang test bed on PYTHONPATH, a CUDA GPU, and
   SGLANG_DDTREE_PAIR     the pair in SGLang's formats (python -m ddtree.reference.export)
-  SGLANG_DDTREE_REF      the same pair as the reference engine loads it (bench/train_pair.py)
+  SGLANG_DDTREE_REF      the same pair as the reference engine loads it (training/train_pair.py)
   SGLANG_DDTREE_PROMPTS  held-out prompts (train_pair's heldout_prompts.json)
   SGLANG_DDTREE_START    configurations to start together first (comma list, "warm" or "all")
   SGLANG_DDTREE_OUT      where server logs and the results table go
@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 
 RESULTS: list[dict] = []
 
@@ -35,7 +34,7 @@ def _missing() -> str | None:
         return "needs the staged SGLang test bed on PYTHONPATH"
     for name in ("SGLANG_DDTREE_PAIR", "SGLANG_DDTREE_REF", "SGLANG_DDTREE_PROMPTS"):
         if not os.environ.get(name):
-            return f"needs {name} (tests/gpu_sglang/run.sh sets it)"
+            return f"needs {name} (testbed/run.sh sets it)"
     return None
 
 

@@ -1,6 +1,6 @@
 """DDTREE inside the real SGLang 0.5.23 server on the GPU test bed (marker sglang_gpu).
 
-One server per configuration (bench/sglang_servers.py: CONFIGS), the trained byte-level pair exported to SGLang's
+One server per configuration (testbed/servers.py: CONFIGS), the trained byte-level pair exported to SGLang's
 formats. What is checked, each test able to fail:
 - the export: SGLang's next-token log-probs on the prompts equal the reference engine's (bf16),
   and DFLASH's verify steps equal the reference's offline chain count within 5%;
@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 from tests.helpers import two_sample_chi_square_pvalue
-from tests.gpu_sglang.partings import STRICT_LIMIT, PlainModel, strict_walk  # noqa: E402
-from tests.gpu_sglang.referee import Referee, bf16_served_pair, gap_to, target_referee  # noqa: E402
+from testbed.partings import STRICT_LIMIT, PlainModel, strict_walk  # noqa: E402
+from testbed.referee import Referee, bf16_served_pair, gap_to, target_referee  # noqa: E402
 
 pytestmark = pytest.mark.sglang_gpu
 
@@ -103,7 +102,7 @@ def reference():
 def is_moe(reference) -> bool:
     """A target whose expert routing is a choice bf16 rounding can flip: MoE layers (first_k_dense_replace below the
     layer count) choosing fewer experts than there are. The Kimi-shaped pairs with dense MLPs or with every expert
-    active (bench/train_pair.py kimi-dense, kimi-allexp) keep the dense pair's strict rule (issue 44)."""
+    active (training/train_pair.py kimi-dense, kimi-allexp) keep the dense pair's strict rule (issue 44)."""
     cfg = reference.target.config
     experts = int(getattr(cfg, "n_routed_experts", 0) or 0)
     moe_layers = cfg.num_hidden_layers - int(getattr(cfg, "first_k_dense_replace", 0) or 0)

@@ -2,7 +2,7 @@
 gives the small pair's tokens, a parting allowed only at the small pair's own bf16 near tie (the strict rule of
 test_ddtree_server.py). DDTREE on the enlarged pair is held to the same greedy tests as any pair: run
 test_ddtree_server.py with SGLANG_DDTREE_PAIR = the enlarged pair and SGLANG_DDTREE_REF = the small reference pair (the
-enlarged pair computes the small one's function, so the small pair is its referee): bench/enlarged_pair.sh does both.
+enlarged pair computes the small one's function, so the small pair is its referee): testbed/enlarged_pair.sh does both.
 
 Needs, beside the fixtures of conftest.py, SGLANG_DDTREE_SMALL_PAIR: the small pair in SGLang's formats as the enlarged
 one was made from (its INT4 export when the enlarged one has INT4 experts)."""
@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.gpu_sglang.test_ddtree_server import compare_with_plain, outputs, ready
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 
@@ -27,7 +26,7 @@ def small_plain():
     """NONE on the small pair, beside the fleet (100 ports below it)."""
     small = os.environ.get("SGLANG_DDTREE_SMALL_PAIR")
     if not small:
-        pytest.skip("needs SGLANG_DDTREE_SMALL_PAIR (the small pair in SGLang's formats; bench/enlarged_pair.sh)")
+        pytest.skip("needs SGLANG_DDTREE_SMALL_PAIR (the small pair in SGLang's formats; testbed/enlarged_pair.sh)")
     port = int(os.environ.get("SGLANG_DDTREE_BASE_PORT", "31000")) - 100
     out = Path(os.environ.get("SGLANG_DDTREE_OUT", "/tmp/sglang-gpu"))
     server = harness.Server(harness.NONE, port, out / "logs" / "sglang-none-small.log")

@@ -1,6 +1,6 @@
 """Constrained decoding on DDTREE inside the real SGLang 0.5.23 server (issue 33, item 4; marker sglang_gpu).
 
-Servers (bench/sglang_servers.py, suffix -grammar: the server tokenizes, so SGLang builds its xgrammar backend;
+Servers (testbed/servers.py, suffix -grammar: the server tokenizes, so SGLang builds its xgrammar backend;
 JSON white space at most 2 in a row; DDTREE's constrained trees served): NONE, DFLASH and DDTREE b32 c8 with
 CUDA graphs. What is checked, each able to fail:
 - 80 requests (20 JSON schema, 20 regex, 20 EBNF, 20 structural tag) at temperature 0, one at a time and 8 at once, on
@@ -24,9 +24,8 @@ import pytest
 
 from tests.gpu_sglang.test_ddtree_server import mean_accept, outputs, ready
 from tests.gpu_sglang.test_requests import judge_processed
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 NONE, DFLASH, DDTREE = "none-grammar", "dflash-grammar", "ddtree-b32-c8-graphs-grammar"

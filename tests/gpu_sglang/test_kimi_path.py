@@ -1,10 +1,10 @@
 """Kimi K2.6's own paths through DDTREE inside the real SGLang 0.5.23 server (issue 31; marker sglang_gpu).
 
-Runs on the Kimi-shaped pair (tests/gpu_sglang/run.sh with SIZE=kimi: MLA at Kimi's latent widths, MoE with a
+Runs on the Kimi-shaped pair (testbed/run.sh with SIZE=kimi: MLA at Kimi's latent widths, MoE with a
 shared expert and noaux_tc routing, YaRN; exported as DeepseekV3ForCausalLM in target/, as the KimiK25 wrapper
 in target-wrapper/, with INT4 routed experts in target-int4/); skipped on a pair without MLA. Each test
 compares with plain decoding as test_ddtree_server does (identical, or where they part a bf16 near tie, the
-float32 model's own choice or a near tie of the float32 model: tests/gpu_sglang/referee.py; then re-anchored):
+float32 model's own choice or a near tie of the float32 model: testbed/referee.py; then re-anchored):
 - the radix cache (Python tree core, SGLang's strict idle pool check): shared system prompts, a multi-turn
   chat that extends a cached answer, a prompt equal to an earlier prompt + its answer - the tokens of the
   no-cache server, prefix hits seen, and after the load SGLang's own count of used KV slots back at its
@@ -29,13 +29,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu_sglang.referee import int4_served_target, target_referee
+from testbed.referee import int4_served_target, target_referee
 from tests.gpu_sglang.test_requests import DETERMINISTIC
 from tests.gpu_sglang.test_ddtree_server import exact, none_greedy, reference  # noqa: F401  (fixtures)
 from tests.gpu_sglang.test_ddtree_server import compare_with_plain, mean_accept, outputs, ready
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 
 
 def _is_mla_pair() -> bool:
@@ -47,7 +46,7 @@ pytestmark = [pytest.mark.sglang_gpu,
               pytest.mark.skipif(not _is_mla_pair(), reason="needs the Kimi-shaped pair (run.sh with SIZE=kimi)")]
 
 LEAK_MARKS = ("memory leak detected", "KV double free", "use-after-free")
-# the Kimi paths' servers (tests/gpu_sglang/run.sh starts them together with the others)
+# the Kimi paths' servers (testbed/run.sh starts them together with the others)
 RADIX = ("none-radix", "ddtree-b32-c8-graphs-radix")
 WRAPPER = ("none-wrapper", "ddtree-b32-c8-graphs-wrapper")
 INT4_RUNNERS = {"marlin": "", "triton": "-moetriton"}

@@ -3,13 +3,13 @@
 On a target whose routing bf16 can flip, SGLang's own DFLASH parts from plain decoding well past one bf16 step, so
 identity is not decidable there (the pairs with dense MLPs and with every expert active decide it: test_ddtree_server,
 test_node_logits). Here DDTREE's answers and SGLang's DFLASH's on the same prompts are each walked against plain
-decoding to their end (tests/gpu_sglang/partings.py): partings per 1,000 tokens, the float32 referee's real
+decoding to their end (testbed/partings.py): partings per 1,000 tokens, the float32 referee's real
 differences per 1,000 tokens, and the partings' bf16 gaps; DDTREE must be no worse than DFLASH by three one-sided tests
 at alpha 0.01. The deliberate tree-mask fault (every earlier sibling visible) must fail the same rule, or the run
 cannot tell a fault from rounding and the test says so.
 
 Prompts: all the pair's held-out prompts (32 from train_pair --prompts 32), 128 tokens each, one request at a time
-and 8 at once (both counted). Skipped on a pair whose routing cannot flip (tests/gpu_sglang/decide.sh part moe starts
+and 8 at once (both counted). Skipped on a pair whose routing cannot flip (testbed/decide.sh part moe starts
 it on the top-2-of-8 pair).
 """
 
@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu_sglang.partings import PlainModel, Tally, compare, walk_answer
+from testbed.partings import PlainModel, Tally, compare, walk_answer
 from tests.gpu_sglang.test_ddtree_server import exact, is_moe, outputs, ready, reference  # noqa: F401  (fixtures)
 from tests.gpu_sglang.test_ddtree_server import plain_decoding
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 
 pytestmark = pytest.mark.sglang_gpu
 

@@ -1,9 +1,9 @@
 """Issue 44 on the GPU test bed: DDTREE's verify pass against the plain path, node by node, on several pairs at once
-(tests/gpu_sglang/decide.sh trains and exports them and sets SGLANG_DDTREE_PAIRS, a JSON file
+(testbed/decide.sh trains and exports them and sets SGLANG_DDTREE_PAIRS, a JSON file
 {name: {"pair": sglang-pair dir, "ref": reference pair dir, "prompts": held-out prompts file}}).
 
-Per pair, four servers (bench/sglang_servers.py names): NONE (the plain path runs), DDTREE budget 32 cap 8 with its
-steps dumped (ddtree.sglang.step_dump), the chain control budget 7 cap 1 dumped likewise, and the tree with a
+Per pair, four servers (testbed/servers.py names): NONE (the plain path runs), DDTREE budget 32 cap 8 with its
+steps dumped (ddtree.sglang.diagnostics.step_dump), the chain control budget 7 cap 1 dumped likewise, and the tree with a
 deliberate mask fault (every node sees its earlier siblings) dumped; on the mixture-of-experts pairs also DDTREE
 with the radix cache. For each dumped verify step every tree node's log-probs are compared with NONE's for that
 node's path (node_check.py). What is asserted, each able to fail:
@@ -32,10 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu_sglang import node_check as nc
-from tests.helpers import import_bench
+from testbed import node_check as nc
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 TREE, CHAIN, FAULT = "ddtree-b32-c8-graphs-dump", "ddtree-b7-c1-graphs-dump", "ddtree-b32-c8-graphs-dump-fault"

@@ -1,6 +1,6 @@
 """DDTREE under SGLang 0.5.23's overlap scheduler (issue 35; marker sglang_gpu).
 
-Servers (bench/sglang_servers.py): -overlap runs SGLang's overlap scheduler (served without a switch since
+Servers (testbed/servers.py): -overlap runs SGLang's overlap scheduler (served without a switch since
 these tests passed on the decidable pairs, issue 45), -synccheck runs each DDTREE step under torch's CUDA sync
 debug mode (warn), -bs48 takes 48 running requests with decode graphs up to 48. What is checked, each able to fail:
 - temperature 0: DDTREE with overlap emits NONE's tokens (partings only at bf16 near ties, as in
@@ -27,9 +27,9 @@ import pytest
 from tests.gpu_sglang.test_ddtree_server import (SAMPLES, SAMPLING, compare_with_plain, entropy, fourth_tokens,
                                                  mean_accept, outputs, ready)
 from tests.gpu_sglang.test_ddtree_server import exact, none_greedy, reference  # noqa: F401  (fixtures)
-from tests.helpers import import_bench, two_sample_chi_square_pvalue
+from tests.helpers import two_sample_chi_square_pvalue
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 OVERLAP = "ddtree-b32-c8-graphs-overlap"

@@ -8,9 +8,8 @@ import pytest
 
 from tests.gpu_sglang.test_ddtree_server import outputs, ready
 from tests.gpu_sglang.test_width_policy import STEPS
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 

@@ -1,7 +1,7 @@
 """The production example's unit, run as rendered on the GPU test bed, with the playbooks' clients.
 
-The plan (tests/gpu_sglang/production_plan.py, rendered on the controller from inventory/production
-through the real templates, changed only as tests/gpu_sglang/testbed.yml lists) names six servers:
+The plan (testbed/production_plan.py, rendered on the controller from inventory/production
+through the real templates, changed only as testbed/testbed.yml lists) names six servers:
 the example's DDTREE, a second DDTREE (a second host, for the gateway), and the configurations
 validate.yml and sweep.yml switch to (DFLASH, NONE, DDTREE without CUDA graphs, DDTREE budget 8 /
 cap 4). Each is started with exactly its rendered ExecStart, in its WorkingDirectory, with the
@@ -11,7 +11,7 @@ the deploy's health + smoke, validate's client and tools/validate_report.py, the
 tools/sweep_report.py, the JIT warm-up, and smg (roles/gateway/files/k26_gateway.py from its pinned wheel) in
 front of the two DDTREE servers: status, probe, take-out and put-back under load.
 What systemd itself adds (User=, the sandboxing directives, DeviceAllow) does not run here.
-Run by tests/gpu_sglang/run.sh --production (which trains and exports the pair first).
+Run by testbed/run.sh --production (which trains and exports the pair first).
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ from pathlib import Path
 import pytest
 
 from tests import playbook_clients as pc
-from tests.gpu_sglang import production_plan as pp
-from tests.helpers import import_bench
+from testbed import production_plan as pp
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 
 pytestmark = pytest.mark.sglang_gpu
 
@@ -53,7 +52,7 @@ def _out() -> Path:
 def plan() -> dict:
     path = Path(os.environ.get("K26_TESTBED_PLAN", ROOT / ".testbed/plan.json"))
     if not path.exists():
-        pytest.skip(f"no test-bed plan at {path}: render it on the controller (tests/gpu_sglang/production_plan.py)")
+        pytest.skip(f"no test-bed plan at {path}: render it on the controller (testbed/production_plan.py)")
     return json.loads(path.read_text())
 
 

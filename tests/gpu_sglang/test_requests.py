@@ -6,7 +6,7 @@ Where identity is decidable - SGLang's own DFLASH under deterministic inference 
 prompt, which the dense pair and the Kimi-shaped pair without routing choices (kimi-dense) are expected to show -
 DDTREE is held to exact identity with NONE's answers under each feature, one at a time and 8 at once; otherwise
 the test records what it saw and skips, naming the control that failed. The controls run in the same job, on
-servers of the same kind (tests/gpu_sglang/decide.sh requests starts them beside the DDTREE servers).
+servers of the same kind (testbed/decide.sh requests starts them beside the DDTREE servers).
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.gpu_sglang.referee import best_gap, judge, processed_referee
+from testbed.referee import best_gap, judge, processed_referee
 from tests.gpu_sglang.test_ddtree_server import compare_with_plain, outputs, ready
 from tests.gpu_sglang.test_ddtree_server import reference  # noqa: F401  (fixture: the float32 referee's target)
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 SAMPLED = {"temperature": 0.7, "top_p": 0.9, "ignore_eos": True}

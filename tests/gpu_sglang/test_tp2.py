@@ -26,11 +26,10 @@ import statistics
 import pytest
 import torch
 
-from tests.gpu_sglang.referee import gap_to, is_near_tie
+from testbed.referee import gap_to, is_near_tie
 from tests.gpu_sglang.test_ddtree_server import compare_with_plain, outputs, ready
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 
 pytestmark = [pytest.mark.sglang_gpu, pytest.mark.multigpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")]

@@ -21,9 +21,9 @@ from tests.gpu_sglang.test_ddtree_server import SAMPLING, compare_with_plain, en
 from tests.gpu_sglang.test_ddtree_server import exact, none_greedy, reference  # noqa: F401  (fixtures)
 from tests.gpu_sglang.test_overlap import staggered
 from tests.gpu_sglang.test_widths import SAMPLES, fourth
-from tests.helpers import import_bench, two_sample_chi_square_pvalue
+from tests.helpers import two_sample_chi_square_pvalue
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 AUTO = ["ddtree-auto-c8-graphs", "ddtree-auto-c8-graphs-overlap"]

@@ -1,6 +1,6 @@
 """A DDTree budget / cap schedule by running batch size inside SGLang 0.5.23 (issue 32, item 3; marker sglang_gpu).
 
-Servers: ddtree-sched-graphs and ddtree-sched-eager (bench/sglang_servers.py SCHEDULED: budget 1:64,3:32,5:16,7:8,
+Servers: ddtree-sched-graphs and ddtree-sched-eager (testbed/servers.py SCHEDULED: budget 1:64,3:32,5:16,7:8,
 cap 1:8,5:4), which change width three times inside the test bed's 1..8 running
 requests. What is checked, each able to fail:
 - start-up: one attention backend and graph set per narrower width, captured for the batch sizes that use it
@@ -22,9 +22,9 @@ import pytest
 from tests.gpu_sglang.test_ddtree_server import SAMPLING, compare_with_plain, entropy, mean_accept, outputs, ready
 from tests.gpu_sglang.test_ddtree_server import exact, none_greedy, reference  # noqa: F401  (fixtures)
 from tests.gpu_sglang.test_overlap import staggered
-from tests.helpers import import_bench, two_sample_chi_square_pvalue
+from tests.helpers import two_sample_chi_square_pvalue
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 SCHEDULED = [c.name for c in harness.SCHEDULED]

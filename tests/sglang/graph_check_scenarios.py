@@ -62,7 +62,7 @@ def outcome(fn) -> str:
 
 
 def main() -> None:
-    from ddtree.sglang import graph_check
+    from ddtree.sglang.diagnostics import graph_check
 
     hooked = hasattr(DecodeCudaGraphRunner.load_batch, "__wrapped__")
     # SGLang's own load_batch body cannot run on the CPU: through the hooked method a clean batch gets

@@ -275,7 +275,9 @@ def test_every_parent_field_the_stages_read_is_dflash_worker_v2s_own():
 
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from ddtree.sglang import decode_step, tree_worker, worker_setup
+    from ddtree.sglang import tree_worker
+    from ddtree.sglang.setup import worker_setup
+    from ddtree.sglang.step import decode_step
 
     sources = "\n".join(inspect.getsource(c) for c in DFlashWorkerV2.__mro__ if c.__module__.startswith("sglang"))
     assigned = set(re.findall(r"self\.(\w+)\s*(?::[^=\n]*)?=(?!=)", sources))
@@ -483,7 +485,7 @@ def test_the_commit_plan_of_a_chain_matches_dflash_accept_in_sglang():
     from sglang.srt.speculative.dflash_worker_v2 import _commit_accept
 
     from ddtree import build_tree
-    from ddtree.sglang.glue import commit_plan
+    from ddtree.sglang.step.glue import commit_plan
     from ddtree.verify import walk_tree
 
     g = torch.Generator().manual_seed(0)
@@ -514,7 +516,7 @@ def test_sglang_sampling_info_maps_to_ddtree_sampling_params():
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
     from sglang.srt.sampling.sampling_params import SamplingParams as SgParams
 
-    from ddtree.sglang.glue import sampling_params_from_sglang
+    from ddtree.sglang.step.glue import sampling_params_from_sglang
 
     reqs = [SgParams(temperature=0.0), SgParams(temperature=0.7, top_k=20, top_p=0.9),
             SgParams(temperature=1.3, min_p=0.05)]
@@ -550,7 +552,7 @@ def test_ddtree_is_registered_overlap_capable_without_a_switch(leftover):
 
 
 def test_a_widths_graphs_cover_its_batch_sizes_padded_as_sglang_pads():
-    from ddtree.sglang.widths import padded_batches
+    from ddtree.sglang.setup.widths import padded_batches
 
     captured = [1, 2, 4, 8, 12, 16, 24, 32, 48]
     assert padded_batches(list(range(8, 32)), captured) == [8, 12, 16, 24, 32]
@@ -577,7 +579,8 @@ def test_the_worker_reads_the_running_limit_from_the_settings_sglang_fills_befor
     setters = attribute_uses(model_runner.ModelRunner, store=True)
     assert "alloc_memory_pool" in setters and "__init__" not in setters, setters
     assert "schedule.max_running_requests" in inspect.getsource(runtime_context)      # SGLang's own reader
-    from ddtree.sglang import tree_worker, worker_setup
+    from ddtree.sglang import tree_worker
+    from ddtree.sglang.setup import worker_setup
 
     readers = attribute_uses(tree_worker.DDTreeWorker, store=False) | attribute_uses(worker_setup, store=False)
     assert readers & {"__init__", "init_cuda_graphs", "target_widths", "prewarm_trees"} == set(), readers

@@ -74,7 +74,7 @@ def test_every_listed_name_is_read_by_the_pinned_library(library):
 
 
 def test_the_plugins_names_are_its_registrys_operator_switches():
-    from ddtree.sglang.switches import SWITCHES
+    from ddtree.switches import SWITCHES
     operator = {s.name for s in SWITCHES if not s.test_bed_only}
     listed = set(RULE["names"]["DDTree plugin"])
     assert listed <= operator, listed - operator

@@ -9,15 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import sglang_flags  # noqa: E402
+from tools import sglang_flags
 
 _spec = importlib.util.spec_from_file_location("k26_sglang_args",
                                                ROOT / "roles/k26_defaults/filter_plugins/k26_sglang_args.py")

@@ -21,9 +21,8 @@ from sglang.srt.sampling.sampling_params import raise_if_tokenizer_required  # n
 from tests.gpu_sglang import test_grammars as grammars_test  # noqa: E402
 from tests.gpu_sglang import test_requests as requests_test  # noqa: E402
 from tests.sglang.test_client_requests import pair, verdicts  # noqa: E402,F401  (pair: a fixture)
-from tests.helpers import import_bench  # noqa: E402
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 
 
 def check(name: str, sampling: dict) -> None:

@@ -30,7 +30,7 @@ from ddtree import build_tree  # noqa: E402
 from ddtree.grammar_tree import allows, build_legal_tree, legal_rows  # noqa: E402
 from ddtree.reference.hf_tokenizer import write_hf_tokenizer  # noqa: E402
 from ddtree.reference.tokenizer import ByteTokenizer  # noqa: E402
-from ddtree.sglang.grammar import constrain_step  # noqa: E402
+from ddtree.sglang.step.grammar import constrain_step  # noqa: E402
 from ddtree.tree import build_tree_from_candidates, draft_candidates_torch  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 from tests.helpers import tree_node_path  # noqa: E402

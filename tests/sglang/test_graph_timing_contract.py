@@ -1,4 +1,4 @@
-"""What the start-up timing of the verify graphs (ddtree.sglang.graph_timing, issue 70) reads of SGLang 0.5.23, held to
+"""What the start-up timing of the verify graphs (ddtree.sglang.policy.graph_timing, issue 70) reads of SGLang 0.5.23, held to
 the pinned package (CPU, real SGLang): its graph keys, where its full CUDA-graph backend keeps the graphs, how it
 replays one, and the runner fields the timing reads. The replay itself runs on the GPU (test_width_policy.py)."""
 
@@ -16,7 +16,7 @@ from sglang.srt.model_executor.runner.shape_key import ShapeKey  # noqa: E402
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend  # noqa: E402
 
 from ddtree.settings import DDTreeConfigError  # noqa: E402
-from ddtree.sglang.graph_timing import captured_graphs  # noqa: E402
+from ddtree.sglang.policy.graph_timing import captured_graphs  # noqa: E402
 
 
 def test_the_full_backend_keeps_its_graphs_by_shape_key_and_replays_one_by_its_key():

@@ -2,7 +2,7 @@
 
 NONE: a stand-in target decoded greedily, SGLang's apply_custom_logit_processor on each step's logits with the
 request's params and its Req (SGLang's own Req class, token ids in array('q'); its scheduler puts it in "__req__").
-DDTREE: trees from a draft that knows the target a little, ddtree.sglang.logit_processors on every node's row
+DDTREE: trees from a draft that knows the target a little, ddtree.sglang.step.logit_processors on every node's row
 (each node's Req view extended by its own path), the greedy walk. With SGLang's DeepSeek-OCR n-gram blocker
 (it reads the answer so far) and its disallowed-tokens processor (it reads only its parameters) in one batch,
 the answers must be NONE's; applied as SGLang's DFLASH verify applies them (the step's Req at every position),
@@ -26,7 +26,7 @@ from sglang.srt.sampling.sampling_batch_info import ProcessorEntry  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from ddtree import build_tree  # noqa: E402
-from ddtree.sglang.logit_processors import NodeRequest, apply_node_processors, node_paths  # noqa: E402
+from ddtree.sglang.step.logit_processors import NodeRequest, apply_node_processors, node_paths  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 from tests.helpers import informed_draft, tree_node_path  # noqa: E402
 

@@ -4,7 +4,7 @@ NONE: a stand-in target (logits a fixed function of the prefix) decoded greedily
 BatchedPenalizerOrchestrator applied before each choice and fed each chosen token, as its scheduler
 does. DDTREE: trees from a draft that knows the target a little, the node logits penalised by
 ddtree.penalties with the state read from the same orchestrator as of the root
-(ddtree.sglang.penalty_state), the greedy walk, the committed tokens fed to the one orchestrator of
+(ddtree.sglang.step.penalty_state), the greedy walk, the committed tokens fed to the one orchestrator of
 the batch as the worker feeds them (the root before the step, the accepted draft tokens after it), the sampling info
 as a real server hands it to the worker (SGLang's forward copy with the plugin's hook). The emitted tokens must be
 NONE's for frequency, presence, repetition and
@@ -27,9 +27,9 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E
 
 from ddtree import build_tree  # noqa: E402
 from ddtree.penalties import apply_node_penalties  # noqa: E402
-from ddtree.sglang.step_dump import hide_paths_from_penalties  # noqa: E402
-from ddtree.sglang.penalty_state import feed_committed, keep_orchestrator, orchestrator_of  # noqa: E402
-from ddtree.sglang.verdict import node_penalties  # noqa: E402
+from ddtree.sglang.diagnostics.step_dump import hide_paths_from_penalties  # noqa: E402
+from ddtree.sglang.step.penalty_state import feed_committed, keep_orchestrator, orchestrator_of  # noqa: E402
+from ddtree.sglang.step.verdict import node_penalties  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 from tests.helpers import informed_draft, tree_node_path  # noqa: E402
 
@@ -193,7 +193,8 @@ def test_the_plugin_registers_the_hook_on_sglangs_own_forward_copy():
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from ddtree.sglang import penalty_state, plugin
+    from ddtree.sglang import plugin
+    from ddtree.sglang.step import penalty_state
 
     module, cls, method = penalty_state.FORWARD_COPY.rsplit(".", 2)
     assert callable(getattr(getattr(importlib.import_module(module), cls), method))
@@ -252,7 +253,7 @@ def test_repetition_with_an_additive_penalty_depends_on_the_order_and_ddtree_tak
     assert got == additive_first
 
 
-# --- the GPU tests' float32 referee for penalised partings (tests/gpu_sglang/referee.py penalised) ------------------
+# --- the GPU tests' float32 referee for penalised partings (testbed/referee.py penalised) ------------------
 
 @pytest.mark.parametrize("settings", [{"frequency": 0.6}, {"presence": 0.8}, {"repetition": 1.3}, {"min_new": 6},
                                       {"frequency": 0.3, "presence": 0.3}, {"repetition": 1.1, "min_new": 6},
@@ -261,7 +262,7 @@ def test_the_referees_penalties_are_sglangs(settings):
     """The referee's penalties on float32 logits equal SGLang's own orchestrator's (fed the same output, applied in
     its speculative order), for every penalty the GPU test sends; a referee that dropped one would pass a wrong
     per-node penalty, so a mismatch here fails."""
-    from tests.gpu_sglang.referee import penalised
+    from testbed.referee import penalised
 
     sampling = {"frequency_penalty": settings.get("frequency", 0.0), "presence_penalty": settings.get("presence", 0.0),
                 "repetition_penalty": settings.get("repetition", 1.0), "min_new_tokens": settings.get("min_new", 0),

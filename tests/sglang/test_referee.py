@@ -1,4 +1,4 @@
-"""The GPU tests' float32 referee of a temperature-0 parting (tests/gpu_sglang/referee.py), on the CPU: the
+"""The GPU tests' float32 referee of a temperature-0 parting (testbed/referee.py), on the CPU: the
 verdict on crafted log-probs, and the referee built from a real saved Kimi-shaped pair as the GPU tests build
 it (bf16-rounded weights; the INT4 checkpoint's served experts) picking the reference engine's greedy token.
 Runs in the SGLang contract venv (compressed-tensors is there)."""
@@ -16,7 +16,7 @@ from ddtree.reference import generate  # noqa: E402
 from ddtree.reference.config import DraftConfig  # noqa: E402
 from ddtree.reference.export import int4_roundtrip  # noqa: E402
 from ddtree.reference.pair import init_pair, load_pair, save_pair  # noqa: E402
-from tests.gpu_sglang.referee import (NEAR_TIE, best_gap, bf16_served_pair, gap_to, int4_served_target,  # noqa: E402
+from testbed.referee import (NEAR_TIE, best_gap, bf16_served_pair, gap_to, int4_served_target,  # noqa: E402
                                       is_near_tie, judge, target_referee)
 
 from .test_reference_mla import kimi_shaped  # noqa: E402

@@ -3,7 +3,7 @@
 A stand-in target whose logits are a fixed function of the prefix; NONE draws each token as SGLang's
 sampler does under deterministic inference (one row per request, the input's position, the request's
 seed). DDTREE builds trees from random draft logits, draws every node's target with
-ddtree.sglang.seeded and walks the tree: the emitted tokens must be NONE's, for every seed, with
+ddtree.sglang.step.seeded and walks the tree: the emitted tokens must be NONE's, for every seed, with
 top-k / top-p on or off, whatever else is in the batch. Runs in the SGLang contract venv.
 
 SGLang hashes (seed, position, token) with murmur3 in a Triton kernel on the GPU and an sgl-kernel op on
@@ -28,7 +28,7 @@ from sglang.srt.layers.sampler import (  # noqa: E402
 )
 
 from ddtree import build_tree  # noqa: E402
-from ddtree.sglang.seeded import seeded_node_targets  # noqa: E402
+from ddtree.sglang.step.seeded import seeded_node_targets  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 from tests.helpers import informed_draft, tree_node_path  # noqa: E402
 

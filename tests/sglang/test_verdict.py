@@ -1,4 +1,4 @@
-"""The verdict stage (ddtree.sglang.verdict) on the CPU, with SGLang 0.5.23's own sampling info and penalizers.
+"""The verdict stage (ddtree.sglang.step.verdict) on the CPU, with SGLang 0.5.23's own sampling info and penalizers.
 
 decide() takes the verify pass's logits at every node, processes them as NONE would, picks each node's token, has
 rank 0's tokens broadcast (SGLang's SpecTpSync, a recording stand-in here: one rank) and walks the tree. Checked:
@@ -19,7 +19,7 @@ pytest.importorskip("sglang", reason="run in the SGLang contract venv (make test
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite  # noqa: E402
 
 from ddtree import build_tree  # noqa: E402
-from ddtree.sglang.verdict import VerdictSetup, decide  # noqa: E402
+from ddtree.sglang.step.verdict import VerdictSetup, decide  # noqa: E402
 from ddtree.verify import accept_path  # noqa: E402
 from tests.sglang.test_penalties import VOCAB, forward_copy, orchestrator, unhooked_copy  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""tests/gpu_sglang/bg.sh: a GPU job in its own process session, and the waits that bring back what it has written,
+"""testbed/bg.sh: a GPU job in its own process session, and the waits that bring back what it has written,
 each file once and no more than the device returns in one call (8 files: running.tgz and MAX_FILES more)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BG_SH = ROOT / "tests/gpu_sglang/bg.sh"
+BG_SH = ROOT / "testbed/bg.sh"
 
 
 def bg(tmp: Path, *args: str, out: Path | None = None) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""bench/carry.sh: files carried back from the GPU machine in 15 MiB parts and put together on the next one (the
+"""testbed/carry.sh: files carried back from the GPU machine in 15 MiB parts and put together on the next one (the
 pairs and JIT caches of run.sh, decide.sh and speed_sweep.sh), run in bash on made-up folders."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def bash(tmp: Path, body: str, **env: str) -> subprocess.CompletedProcess:
     script = tmp / "run.sh"
-    script.write_text(f"set -u\n. {ROOT / 'bench/carry.sh'}\n{body}\n")
+    script.write_text(f"set -u\n. {ROOT / 'testbed/carry.sh'}\n{body}\n")
     return subprocess.run(["bash", str(script)], env={**os.environ, "TMPDIR": str(tmp), **env}, capture_output=True,
                           text=True, timeout=60)
 
@@ -68,10 +68,10 @@ def test_unpacking_from_a_folder_without_parts_says_so_and_changes_nothing(tmp_p
 
 
 def test_every_gpu_script_carries_through_the_helper():
-    for script in ("tests/gpu_sglang/run.sh", "tests/gpu_sglang/decide.sh", "bench/speed_sweep.sh"):
+    for script in ("testbed/run.sh", "testbed/decide.sh", "testbed/speed_sweep.sh"):
         text = (ROOT / script).read_text()
-        assert ". bench/carry.sh" in text, script
-        assert "split -b" not in text, f"{script} splits files itself instead of through bench/carry.sh"
+        assert ". testbed/carry.sh" in text, script
+        assert "split -b" not in text, f"{script} splits files itself instead of through testbed/carry.sh"
 
 
 def packed_in_three_parts(tmp: Path) -> tuple[Path, bytes]:

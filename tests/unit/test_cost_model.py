@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import import_bench
 
-cm = import_bench("cost_model")
+from bench import cost_model as cm
 SHAPE, HW = cm.KimiShape(), cm.Hardware()
 
 

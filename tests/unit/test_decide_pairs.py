@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = (ROOT / "tests/gpu_sglang/decide.sh").read_text()
+SCRIPT = (ROOT / "testbed/decide.sh").read_text()
 
 
 def functions() -> str:
@@ -19,8 +19,8 @@ def functions() -> str:
     found = [m.group(0) for name in ("unpack_pairs", "pack_pairs")
              for m in [re.search(rf"^{name}\(\) {{.*?^}}$", SCRIPT, re.S | re.M)] if m]
     assert len(found) == 2, "decide.sh no longer defines unpack_pairs and pack_pairs"
-    assert re.search(r"^\. bench/carry\.sh$", SCRIPT, re.M), "decide.sh no longer sources bench/carry.sh"
-    return "\n".join([(ROOT / "bench/carry.sh").read_text(), *found])
+    assert re.search(r"^\. testbed/carry\.sh$", SCRIPT, re.M), "decide.sh no longer sources testbed/carry.sh"
+    return "\n".join([(ROOT / "testbed/carry.sh").read_text(), *found])
 
 
 def bash(tmp: Path, body: str, **env: str) -> subprocess.CompletedProcess:

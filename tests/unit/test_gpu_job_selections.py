@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ["tests/gpu_sglang/decide.sh", "tests/gpu_sglang/kimi.sh", "tests/gpu_sglang/widths_overlap.sh"]
+SCRIPTS = ["testbed/decide.sh", "testbed/kimi.sh", "testbed/widths_overlap.sh"]
 PYTEST = re.compile(r"python3 -m pytest ((?:tests/gpu_sglang/\S+\.py *)+)(.*)")
 DEFAULT = re.compile(r"\$\{(\w+):-([^}]*)\}")
 JOINED = re.compile(r"\$\(echo \"\$(\w+)\" \| sed 's/,/ or /g'\)")
@@ -63,7 +63,7 @@ def test_each_gpu_pytest_run_selects_tests(script, line):
 
 def test_a_selection_that_matches_nothing_is_caught():
     line = 'python3 -m pytest tests/gpu_sglang/test_widths.py -p no:cacheprovider -k "test_no_such_test"'
-    files, expr = selection("tests/gpu_sglang/decide.sh", line)
+    files, expr = selection("testbed/decide.sh", line)
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files,
                         "-k", expr], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert not re.search(r"[1-9]\d*(?:/\d+)? tests? collected", r.stdout)

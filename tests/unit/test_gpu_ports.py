@@ -1,4 +1,4 @@
-"""The GPU jobs' servers listen where nothing else takes the port first (bench/sglang_servers.py check_port): not in
+"""The GPU jobs' servers listen where nothing else takes the port first (testbed/servers.py check_port): not in
 SGLang's own pick range (22000-29999) and not in the kernel's ephemeral range, which the health polls, NCCL stores
 and ZMQ sockets of 20-30 servers draw from at random (H200 2026-12-05: 7 of 29 servers of one decide.sh job, on ports
 42002-43062, died with "address already in use" and took four kimipath tests with them). Every port base the GPU
@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 ROOT = Path(__file__).resolve().parents[2]
 FLEET_SPAN = 2 * harness.NCCL_PORT_OFFSET           # a fleet's servers and their process groups: base .. base + 99
 SIZES_AT_ONCE = 4                                   # decide.sh runs one fleet per pair, at most four pairs
@@ -47,7 +46,7 @@ def test_a_server_whose_process_group_port_falls_in_sglangs_range_is_refused():
 
 def decide_fleets() -> dict[str, list[int]]:
     """decide.sh's pytest sessions by line: SGLANG_DDTREE_BASE_PORT, $((A + B * i)) for i < SIZES_AT_ONCE."""
-    text = (ROOT / "tests/gpu_sglang/decide.sh").read_text()
+    text = (ROOT / "testbed/decide.sh").read_text()
     fleets = {}
     for n, line in enumerate(text.splitlines()):
         if line.lstrip().startswith("#"):
@@ -62,7 +61,7 @@ def decide_fleets() -> dict[str, list[int]]:
 def module_bases() -> dict[str, int]:
     """Fixed port bases in the GPU test modules and benches (fleet defaults, single servers)."""
     found = {}
-    for path in [*ROOT.glob("tests/gpu_sglang/*.py"), *ROOT.glob("bench/*.py")]:
+    for path in [*ROOT.glob("tests/gpu_sglang/*.py"), *ROOT.glob("testbed/*.py"), *ROOT.glob("bench/*.py")]:
         text = path.read_text()
         for pattern in (r"base_port=(\d+)", r"PORT\", \"(\d+)\"\)", r"SCHEDULE_PORTS = (\d+)",
                         r"(?m)^[A-Z_]+_PORT = (\d+)",

@@ -1,4 +1,4 @@
-"""Every server configuration the GPU jobs start is one bench/sglang_servers.py can build: a name it cannot parse
+"""Every server configuration the GPU jobs start is one testbed/servers.py can build: a name it cannot parse
 fails the whole GPU job at start-up (H200 2026-12-04: the node check's radix server still carried the "-lp" suffix
 removed with the logprobs switch, and all 13 node tests errored before a server started)."""
 
@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.gpu_sglang import test_grammars, test_node_logits, test_requests
-from tests.helpers import import_bench
 
-harness = import_bench("sglang_servers")
+from testbed import servers as harness
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = [ROOT / "tests/gpu_sglang/decide.sh", ROOT / "tests/gpu_sglang/kimi.sh",
-           ROOT / "tests/gpu_sglang/widths_overlap.sh", ROOT / "bench/sglang_compare.sh"]
+SCRIPTS = [ROOT / "testbed/decide.sh", ROOT / "testbed/kimi.sh",
+           ROOT / "testbed/widths_overlap.sh", ROOT / "bench/sglang_compare.sh"]
 NAME = re.compile(r"(?<![\w/.-])((?:none|dflash|ddtree)-[a-z0-9-]+|none|dflash)(?![\w/.-])")
 
 

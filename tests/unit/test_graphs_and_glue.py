@@ -112,7 +112,7 @@ def test_cuda_graphs_on_a_cpu_pair_is_refused_with_the_fix():
 
 
 def test_commit_plan_keeps_the_accepted_path_by_permuting_the_window():
-    from ddtree.sglang.glue import commit_plan, rewrite_req_to_token
+    from ddtree.sglang.step.glue import commit_plan, rewrite_req_to_token
     from ddtree.types import DraftTree
     from ddtree.verify import walk_tree
 
@@ -152,7 +152,7 @@ def test_commit_plan_keeps_the_accepted_path_by_permuting_the_window():
 
 
 def test_window_slots_reads_each_requests_reserved_slots_from_its_token_table_row():
-    from ddtree.sglang.glue import window_slots
+    from ddtree.sglang.step.glue import window_slots
 
     req_to_token = torch.arange(10 * 12, dtype=torch.int32).view(10, 12)
     slots = window_slots(req_to_token, torch.tensor([7, 2]), torch.tensor([3, 1]), 4)

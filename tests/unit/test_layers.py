@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-CORE = ("ddtree.types", "ddtree._checks", "ddtree.backend", "ddtree.tree", "ddtree.verify", "ddtree.tp",
-        "ddtree._triton", "ddtree.width_policy")
-# layer of each core module: a module may import only modules of a strictly lower layer
-LAYER = {"ddtree._checks": 0, "ddtree.types": 1, "ddtree._triton": 2, "ddtree.backend": 3,
-         "ddtree.tree": 4, "ddtree.verify": 4, "ddtree.tp": 4, "ddtree.width_policy": 5}
+CORE = ("ddtree.settings", "ddtree.switches", "ddtree.types", "ddtree._checks", "ddtree.backend", "ddtree.tree",
+        "ddtree.verify", "ddtree.tp", "ddtree._triton", "ddtree.width_policy")
+# layer of each core module: a module may import only modules of a strictly lower layer (settings and the switches'
+# registry are plain Python at the bottom: every layer may read a setting or a variable)
+LAYER = {"ddtree.settings": 0, "ddtree.switches": 1, "ddtree._checks": 2, "ddtree.types": 3, "ddtree._triton": 4,
+         "ddtree.backend": 5, "ddtree.tree": 6, "ddtree.verify": 6, "ddtree.tp": 6, "ddtree.width_policy": 7}
 # the one function-level import the core may keep: the optional Triton kernels, on first use
 ALLOWED_LATE = {("ddtree.backend", "ddtree._triton")}
 

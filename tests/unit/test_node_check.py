@@ -1,5 +1,5 @@
-"""Issue 44's tree-against-path check on the CPU: the step dump the worker writes (ddtree.sglang.step_dump) read back
-by the GPU test's analysis (tests/gpu_sglang/node_check.py), the deliberate sibling fault, and the rule that must
+"""Issue 44's tree-against-path check on the CPU: the step dump the worker writes (ddtree.sglang.diagnostics.step_dump) read back
+by the GPU test's analysis (testbed/node_check.py), the deliberate sibling fault, and the rule that must
 pass a tree whose nodes see exactly their ancestors and fail one whose nodes also see their siblings.
 
 The "model" here is a small causal attention layer run two ways: over the tree with its ancestor mask (as a verify
@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from ddtree.sglang import switches
-from ddtree.sglang.step_dump import Diagnostics, StepDump, leak_siblings
+from ddtree import switches
+from ddtree.sglang.diagnostics.step_dump import Diagnostics, StepDump, leak_siblings
 from ddtree.tree import build_tree
-from tests.gpu_sglang import node_check as nc
+from testbed import node_check as nc
 
 V, H = 24, 16
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("k26_pair_check", ROOT / "roles/preflight/files/k26_pair_check.py")
 check = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check)
-sys.path.insert(0, str(ROOT / "bench"))
-import kimi_probe  # noqa: E402  (Kimi-K2.5's public config, scaled; z-lab's draft layout)
+from bench import kimi_probe  # noqa: E402  (Kimi-K2.5's public config, scaled; z-lab's draft layout)
 
 
 @pytest.mark.parametrize("kind", ["wrapper", "int4", "dsv3"])
@@ -65,6 +63,6 @@ def test_a_ddtree_service_on_an_mla_target_takes_triton_only():
 
 def test_the_host_side_list_of_mla_backends_is_the_plugins():
     """The pair check runs on the host without this package, so it keeps its own copy: the same one."""
-    from ddtree.sglang.refusals import MLA_MASK_BACKENDS
+    from ddtree.sglang.setup.refusals import MLA_MASK_BACKENDS
 
     assert check.MLA_BACKENDS == MLA_MASK_BACKENDS

@@ -1,4 +1,4 @@
-"""The GPU tests' two rules for speculative answers (tests/gpu_sglang/partings.py) on the CPU: the top-2-of-8
+"""The GPU tests' two rules for speculative answers (testbed/partings.py) on the CPU: the top-2-of-8
 statistical rule (the walk of an answer to its end against a small deterministic plain decoder, and the three
 one-sided tests against hand-computed values) and the temperature-0 rule of the pairs where identity is decidable
 (strict_walk, which test_ddtree_server.near_ties_against_plain runs on a NONE server: every GPU test's greedy
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from tests.gpu_sglang.partings import (ALPHA, STRICT_LIMIT, AnswerWalk, PlainModel, Tally, compare, gaps_pvalue,
+from testbed.partings import (ALPHA, STRICT_LIMIT, AnswerWalk, PlainModel, Tally, compare, gaps_pvalue,
                                        rate_pvalue, strict_walk, walk_answer)
-from tests.gpu_sglang.referee import Parting
+from testbed.referee import Parting
 
 VOCAB = 11
 
@@ -220,7 +220,7 @@ def test_strict_walk_judges_a_plain_answer_that_ends_early_instead_of_failing_on
 
 
 class NoneServer:
-    """Stands in for a NONE server (bench/sglang_servers.Server: next_top, generate) with the fixed decoder, so that
+    """Stands in for a NONE server (testbed.servers.Server: next_top, generate) with the fixed decoder, so that
     near_ties_against_plain's use of a server is checked as the GPU tests make it."""
 
     def next_top(self, context, k=5):
@@ -232,7 +232,7 @@ class NoneServer:
 
 def test_near_ties_against_plain_on_a_server_gives_the_strict_walks_verdicts():
     from tests.gpu_sglang.test_ddtree_server import near_ties_against_plain
-    from tests.gpu_sglang.referee import Referee
+    from testbed.referee import Referee
 
     want = continue_greedy(PROMPT, 60)
     for have in (list(want), with_ties(60, 3), with_ties(60, STRICT_LIMIT + 1), with_ties(60, 1, real_at=30)):

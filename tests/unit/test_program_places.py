@@ -1,6 +1,6 @@
 """Programs live in one place per kind (docs/architecture.md "Where programs live"; issue 46): a role installs only
 programs from its own files/, nothing under tools/ is installed on a host, and no bench script imports a test
-module."""
+module (nor a test-bed or training one), and they import each other by name."""
 
 from __future__ import annotations
 
@@ -42,11 +42,25 @@ def test_nothing_under_tools_is_installed_on_a_host():
     assert not re.search(r"(src|dest|cmd|argv).*\btools/", tasks)
 
 
-def test_no_bench_script_imports_a_test_module():
+def test_no_bench_test_bed_or_training_module_imports_a_test_module():
     importers = []
-    for path in sorted((ROOT / "bench").glob("*.py")):
+    for path in sorted(p for d in ("bench", "testbed", "training") for p in (ROOT / d).glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            importers += [(path.name, n) for n in names if n == "tests" or n.startswith("tests.")]
+            importers += [(str(path.relative_to(ROOT)), n) for n in names if n == "tests" or n.startswith("tests.")]
     assert importers == [], importers
+
+
+def test_the_packages_import_each_other_by_name_not_through_sys_path():
+    """bench/, testbed/, training/ and tools/ are packages run from the project root (`python3 -m bench.X`); a
+    `sys.path.insert` in them or in the tests would make a module importable twice under two names (issue 73)."""
+    found = []
+    for d in ("bench", "testbed", "training", "tools", "tests"):
+        for path in sorted((ROOT / d).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr in ("insert", "append") and ast.unparse(node.func.value) == "sys.path":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [], found
+    assert all((ROOT / d / "__init__.py").is_file() for d in ("bench", "testbed", "training", "tools"))

@@ -66,18 +66,8 @@ def test_a_schedule_changing_only_its_cap_is_a_step_and_one_value_each_is_one_tr
 def test_the_sweep_report_and_the_speed_benchmark_find_the_same_schedule_from_the_same_bests():
     """The two callers of the one finder (tools/sweep_report.py from a sweep's picks, bench/sglang_speed.py from its
     rows) agree, so a schedule found on the test bed reads as the one the sweep would deploy."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("sweep_report_for_finder", root / "tools/sweep_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    sys.path.insert(0, str(root / "bench"))
-    try:
-        import sglang_speed
-    finally:
-        sys.path.remove(str(root / "bench"))
+    from bench import sglang_speed
+    from tools import sweep_report as report
     picks = [{"concurrency": c, "budget": b, "topk_cap": k} for c, (b, k) in ((1, (64, 8)), (8, (32, 8)), (32, (7, 1)))]
     from_sweep = report.found_schedule(picks)
     rows = []

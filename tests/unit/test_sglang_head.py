@@ -1,4 +1,4 @@
-"""The DDTREE draft head (ddtree.sglang.head) on the CPU: one rank and a vocabulary split over two."""
+"""The DDTREE draft head (ddtree.sglang.step.head) on the CPU: one rank and a vocabulary split over two."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from ddtree.sglang.head import DraftCandidateHead, HeadShard
+from ddtree.sglang.step.head import DraftCandidateHead, HeadShard
 from ddtree.tree import draft_candidates_torch
 
 BLOCK, HIDDEN, VOCAB, K = 5, 16, 70, 4

@@ -12,11 +12,11 @@ from safetensors.torch import load_file
 from ddtree.reference.config import DraftConfig, TargetConfig
 from ddtree.reference.export import draft_config, export_pair
 from ddtree.reference.pair import init_pair
-from ddtree.sglang import switches
+from ddtree import switches
 from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DDTreeConfigError, DDTreeSettings
-from ddtree.sglang.refusals import refusals, validate
-from ddtree.sglang.server_env import block_to_env, draft_block_size, from_env, resolved_block, schedule_to_env
+from ddtree.sglang.setup.refusals import refusals, validate
+from ddtree.sglang.setup.server_env import block_to_env, draft_block_size, from_env, resolved_block, schedule_to_env
 
 
 def server(**changes):
@@ -107,7 +107,7 @@ def test_settings_travel_through_the_environment():
 
 
 def test_a_schedule_travels_through_the_environment_and_sizes_for_its_widest_step():
-    from ddtree.sglang.server_env import schedule_from_env
+    from ddtree.sglang.setup.server_env import schedule_from_env
 
     env: dict = {}
     schedule_to_env(" 1:64,8:32,32:8 ", "1:8,32:4", env)
@@ -232,7 +232,7 @@ def test_grammars_and_logit_processors_are_served_without_a_switch():
 def test_the_sync_check_logs_each_site_once_and_passes_other_warnings_on(caplog):
     import warnings
 
-    from ddtree.sglang.sync_check import MARK, SyncCheck
+    from ddtree.sglang.diagnostics.sync_check import MARK, SyncCheck
 
     with pytest.raises(ValueError, match="SGLANG_DDTREE_SYNC_CHECK='loud' is invalid"):
         SyncCheck("loud")
@@ -244,7 +244,7 @@ def test_the_sync_check_logs_each_site_once_and_passes_other_warnings_on(caplog)
         warnings.warn_explicit("something else", UserWarning, "/x/b.py", 1)
     with warnings.catch_warnings(record=True) as passed:
         warnings.simplefilter("always")
-        with caplog.at_level("WARNING", logger="ddtree.sglang.sync_check"):
+        with caplog.at_level("WARNING", logger="ddtree.sglang.diagnostics.sync_check"):
             check.report(caught)
     assert [r.getMessage() for r in caplog.records] == [f"{MARK} /x/ddtree/a.py:3", f"{MARK} /x/ddtree/a.py:9"]
     assert [str(w.message) for w in passed] == ["something else"]
@@ -310,7 +310,7 @@ def test_custom_logit_processors_are_refused_under_the_overlap_scheduler_only():
 def test_auto_travels_through_the_environment_with_the_chain_beside_its_trees():
     """`--speculative-ddtree-budget auto` (issue 70): sized for its widest tree; every step may run the chain or any
     tree, at every running batch size."""
-    from ddtree.sglang.server_env import schedule_from_env
+    from ddtree.sglang.setup.server_env import schedule_from_env
 
     env: dict = {}
     schedule_to_env("auto", "8", env)
@@ -334,7 +334,7 @@ def test_auto_travels_through_the_environment_with_the_chain_beside_its_trees():
     ("automatic", "8", r"=automatic is invalid"),
 ])
 def test_a_bad_auto_is_refused_naming_the_flag(budget, cap, message):
-    from ddtree.sglang.server_env import schedule_from_env
+    from ddtree.sglang.setup.server_env import schedule_from_env
 
     with pytest.raises(DDTreeConfigError, match=message):
         schedule_from_env({"SGLANG_DDTREE_BUDGET": budget, "SGLANG_DDTREE_TOPK_CAP": cap})

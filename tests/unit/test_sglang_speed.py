@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from tests.helpers import import_bench
 
-speed = import_bench("sglang_speed")
+from bench import sglang_speed as speed
 
 
 def row(config, algorithm, load, tps, budget=None, overlap=False, accept=None):
@@ -261,9 +260,9 @@ def job_args(tmp_path, job: str):
     import subprocess
     from pathlib import Path
 
-    script = (Path(__file__).resolve().parents[2] / "bench/speed_sweep.sh").read_text()
+    script = (Path(__file__).resolve().parents[2] / "testbed/speed_sweep.sh").read_text()
     fn = re.search(r"^job_args\(\) \{.*?^\}$", script, re.S | re.M)
-    assert fn, "bench/speed_sweep.sh no longer defines job_args"
+    assert fn, "testbed/speed_sweep.sh no longer defines job_args"
     return subprocess.run(["bash", "-c", f"set -u\n{fn.group(0)}\njob_args {job}"], capture_output=True, text=True,
                           env={"RESULTS": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=30)
 
@@ -298,7 +297,7 @@ def test_the_plot_draws_each_setting_by_load_per_overlap_mode_without_the_twins(
 
 
 def test_answers_are_saved_per_setting_and_load_where_the_partings_judge_reads_them(tmp_path):
-    from tests.gpu_sglang import speed_partings
+    from testbed import speed_partings
 
     speed.save_answers(tmp_path, "dflash-bs48", 1, [[1, 2]])
     speed.save_answers(tmp_path, "dflash-bs48", 8, [[3, 4], [5, 6]])

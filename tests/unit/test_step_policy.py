@@ -1,6 +1,6 @@
 """The width policy as the SGLang worker steps it (issue 70, item 2; CPU, no SGLang): which option a step runs from
 the expectations of the step `lag` steps back, the host's share of a step, the draft's calibration, and the step
-costs it prices them by (ddtree.sglang.step_policy, ddtree.sglang.graph_timing)."""
+costs it prices them by (ddtree.sglang.policy.step_policy, ddtree.sglang.policy.graph_timing)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ddtree.settings import DDTreeConfigError
-from ddtree.sglang.graph_timing import CostTable
-from ddtree.sglang.step_policy import HostShare, step_policy_for
+from ddtree.sglang.policy.graph_timing import CostTable
+from ddtree.sglang.policy.step_policy import HostShare, step_policy_for
 from ddtree.tree import build_tree_from_candidates
 from ddtree.types import Candidates
 from ddtree.width_policy import CostCurve
@@ -226,7 +226,7 @@ def test_the_policy_numbers_reach_a_multiprocess_registry(tmp_path, monkeypatch)
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     monkeypatch.setattr(prometheus_client.values, "ValueClass", prometheus_client.values.get_value_class())
-    from ddtree.sglang import policy_metrics
+    from ddtree.sglang.policy import policy_metrics
 
     assert policy_metrics.PolicyMetrics.create(table(), rank=1, enabled=True) is None
     assert policy_metrics.PolicyMetrics.create(table(), rank=0, enabled=False) is None

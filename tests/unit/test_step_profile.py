@@ -1,9 +1,9 @@
-"""The DDTREE step profiler (ddtree.sglang.profile): what it times and what it logs."""
+"""The DDTREE step profiler (ddtree.sglang.diagnostics.profile): what it times and what it logs."""
 
 import pytest
 
-from ddtree.sglang import switches
-from ddtree.sglang.profile import OFF, StepProfiler, parse_profile_lines
+from ddtree import switches
+from ddtree.sglang.diagnostics.profile import OFF, StepProfiler, parse_profile_lines
 
 
 class FakeDevice:

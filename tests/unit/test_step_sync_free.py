@@ -5,8 +5,8 @@ the source of every module on the step's path and fails on `.item()`, `.tolist()
 `torch.cuda.synchronize()` outside the functions allowed to (start-up rehearsal). Implicit waits (`int(t)`,
 `bool(t)` of a device tensor, data-dependent shapes) cannot be seen here: the GPU test runs the step under
 torch's sync debug mode for those (tests/gpu_sglang/test_overlap.py, SGLANG_DDTREE_SYNC_CHECK). The grammar and
-custom-logit-processor stages wait by design and only in batches that use them (ddtree.sglang.grammar,
-ddtree.sglang.logit_processors are not on this list).
+custom-logit-processor stages wait by design and only in batches that use them (ddtree.sglang.step.grammar,
+ddtree.sglang.step.logit_processors are not on this list).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ddtree"
-STEP_MODULES = ["sglang/tree_worker.py", "sglang/decode_step.py", "sglang/glue.py", "sglang/head.py", "sglang/seeded.py",
-                "sglang/penalty_state.py", "sglang/verdict.py", "sglang/widths.py", "penalties.py", "verify.py", "tree.py", "types.py",
-                "_checks.py", "backend.py", "_triton.py", "sglang/step_policy.py", "width_policy.py"]
+STEP_MODULES = ["sglang/tree_worker.py", "sglang/step/decode_step.py", "sglang/step/glue.py", "sglang/step/head.py", "sglang/step/seeded.py",
+                "sglang/step/penalty_state.py", "sglang/step/verdict.py", "sglang/setup/widths.py", "penalties.py", "verify.py", "tree.py", "types.py",
+                "_checks.py", "backend.py", "_triton.py", "sglang/policy/step_policy.py", "width_policy.py"]
 SYNCING = {"item", "tolist", "cpu", "numpy", "synchronize"}
 ALLOWED = {"prewarm_sampling", "_build", "__init__", "memory_report",     # start-up only
            "_read_back"}   # the width policy's pinned host copy, after an event the scheduler's own sync has passed

@@ -1,5 +1,5 @@
-"""The plugin's switch registry (ddtree.sglang.switches): one declaration per SGLANG_DDTREE_* variable, typed
-reads with clear errors, and the places that must agree with it (the code, the README, the Ansible filter)."""
+"""The switch registry (ddtree.switches): one declaration per DDTREE_* and SGLANG_DDTREE_* variable, typed
+reads with clear errors, and the places that must agree with it (the code, the docs, the Ansible filter)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from ddtree.settings import DDTreeConfigError
-from ddtree.sglang import switches
+from ddtree import switches
 
 ROOT = Path(__file__).resolve().parents[2]
-NAME_IN_TEXT = re.compile(r"SGLANG_DDTREE_[A-Z_]*[A-Z]")
+NAME_IN_TEXT = re.compile(r"(?<![A-Z0-9_])(?:SGLANG_)?DDTREE_[A-Z_]*[A-Z]")
 
 
 def test_every_field_is_filled_by_exactly_one_switch():
     names = [s.name for s in switches.SWITCHES]
-    assert len(set(names)) == len(names) and all(n.startswith("SGLANG_DDTREE_") for n in names)
+    assert len(set(names)) == len(names) and all(n.startswith(("SGLANG_DDTREE_", "DDTREE_")) for n in names)
     assert sorted(s.field for s in switches.SWITCHES) == sorted(f.name for f in dataclasses.fields(switches.Switches))
 
 
@@ -63,15 +63,35 @@ def test_no_module_reads_a_switch_the_registry_does_not_declare():
     declared = {s.name for s in switches.SWITCHES}
     used = {name for path in (ROOT / "src").rglob("*.py") for name in NAME_IN_TEXT.findall(path.read_text())}
     assert used - declared == set()
-    # and the environment is read in one place: no other plugin module looks a SGLANG_DDTREE_ variable up itself
+    assert {"DDTREE_BACKEND", "DDTREE_DEBUG"} <= used               # the scan sees the core's names too
+    # and the environment is read in one place: no other module looks a variable up itself
     lookups = re.compile(r"environ(\.get)?\(|environ\[|getenv\(")
-    readers = {path.name for path in (ROOT / "src/ddtree/sglang").glob("*.py") if lookups.search(path.read_text())}
-    assert readers <= {"switches.py", "refusals.py"}, readers     # refusals: SGLang's own SGLANG_SIMULATE_ACC_LEN
+    readers = {str(path.relative_to(ROOT / "src/ddtree")) for path in (ROOT / "src/ddtree").rglob("*.py")
+               if lookups.search(path.read_text())}
+    assert readers <= {"switches.py", "sglang/setup/refusals.py"}, readers  # refusals: SGLang's own SGLANG_SIMULATE_ACC_LEN
+
+
+def test_the_cores_switches_are_read_through_the_registry():
+    """DDTREE_BACKEND and DDTREE_DEBUG as the core reads them: a bad value names the variable (it was silently
+    'off' or a bare ValueError before the registry held them)."""
+    from ddtree import _checks
+    from ddtree.backend import resolve_backend
+    import torch
+    assert switches.one("backend", {}) == "auto" and switches.one("debug", {}) is False
+    assert switches.one("debug", {"DDTREE_DEBUG": "1"}) is True
+    with pytest.raises(DDTreeConfigError, match=r"^DDTREE_BACKEND='cuda' is invalid: expected one of auto, torch, triton"):
+        switches.one("backend", {"DDTREE_BACKEND": "cuda"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DDTREE_BACKEND", "torch")
+        assert resolve_backend(None, torch.device("cpu")) == "torch"
+        mp.setenv("DDTREE_DEBUG", "maybe")
+        with pytest.raises(DDTreeConfigError, match="DDTREE_DEBUG='maybe'"):
+            _checks.debug_enabled()
 
 
 def test_the_readme_table_is_the_registrys():
     readme = (ROOT / "docs/plugin.md").read_text()
-    assert switches.table() in readme, "regenerate it: python -m ddtree.sglang.switches"
+    assert switches.table() in readme, "regenerate it: python -m ddtree.switches"
 
 
 def test_the_ansible_filter_refuses_exactly_the_test_bed_switches():

@@ -13,7 +13,6 @@ import torch.multiprocessing as mp
 from ddtree.tp import merge_shards, shard_candidates, tp_candidates
 from ddtree.tree import build_tree_from_candidates, draft_candidates_torch
 
-from ..helpers import import_bench
 
 
 def make_logits(bs=3, depth=4, vocab=1000, seed=0) -> torch.Tensor:
@@ -80,7 +79,7 @@ def test_gloo_ranks_agree_with_the_unsharded_tree(world, tmp_path):
 def test_the_nccl_benchmark_script_checks_out_with_gloo_on_cpus():
     """bench/tp_merge.py's own logic (shards, merge, build, the rank-0 verdict) with gloo, so the
     multi-GPU run it exists for does not fail on the script itself."""
-    tp_merge = import_bench("tp_merge")
+    from bench import tp_merge
     rows = tp_merge.run(2, quick=True, backend="gloo")
     assert len(rows) == len(tp_merge.configs(True, cuda=False))
     assert all(r.equal_unsharded and r.graph_exact is None and r.gather_bytes > 0 for r in rows)

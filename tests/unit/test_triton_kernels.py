@@ -126,7 +126,7 @@ def _tree_and_verdict(bs, max_depth, vocab, budget, cap, seed):
 
 @pytest.mark.parametrize("bs,max_depth,vocab,budget,cap,prefix", GLUE_SHAPES)
 def test_triton_verify_mask_equals_torch(bs, max_depth, vocab, budget, cap, prefix):
-    from ddtree.sglang.glue import verify_mask
+    from ddtree.sglang.step.glue import verify_mask
 
     tree, _ = _tree_and_verdict(bs, max_depth, vocab, budget, cap, seed=bs + budget)
     n = budget + 1
@@ -141,7 +141,7 @@ def test_triton_verify_mask_equals_torch(bs, max_depth, vocab, budget, cap, pref
 
 @pytest.mark.parametrize("bs,max_depth,vocab,budget,cap,prefix", GLUE_SHAPES)
 def test_triton_commit_equals_torch(bs, max_depth, vocab, budget, cap, prefix):
-    from ddtree.sglang.glue import commit_step
+    from ddtree.sglang.step.glue import commit_step
 
     tree, verdict = _tree_and_verdict(bs, max_depth, vocab, budget, cap, seed=7 * bs + budget)
     assert int(verdict.accept_len.max()) > 0          # some request accepted a draft token

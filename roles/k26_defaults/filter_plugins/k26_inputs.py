@@ -32,10 +32,10 @@ VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")
 FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 ENV_VALUE = re.compile(r"[A-Za-z0-9._:/,=@+ -]*")
-# the plugin's test-bed diagnostics (ddtree.sglang.step_dump): never on a served host
-# the plugin's test-bed switches (ddtree.sglang.switches, test_bed_only;
+# the plugin's test-bed diagnostics (ddtree.sglang.diagnostics.step_dump): never on a served host
+# the plugin's test-bed switches (ddtree.switches, test_bed_only;
 # tests/unit/test_switches.py holds the two equal)
-TEST_BED_ONLY = ("SGLANG_DDTREE_DUMP", "SGLANG_DDTREE_DUMP_STEPS", "SGLANG_DDTREE_FAULT")
+TEST_BED_ONLY = ("DDTREE_DEBUG", "SGLANG_DDTREE_DUMP", "SGLANG_DDTREE_DUMP_STEPS", "SGLANG_DDTREE_FAULT")
 API_KEY = re.compile(r"[A-Za-z0-9._~+/=-]+")
 URL = re.compile(r"https?://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})")
 # the NVIDIA device set only: char-nvidia* groups and /dev/nvidia* nodes (a disk or another device is refused, issue 48)

@@ -34,7 +34,7 @@ def lm_head_quantized(target: dict) -> bool:
                    for name in ignored)
 
 
-# the attention backends DDTREE was proven with on an MLA target (ddtree.sglang.refusals.MLA_MASK_BACKENDS)
+# the attention backends DDTREE was proven with on an MLA target (ddtree.sglang.setup.refusals.MLA_MASK_BACKENDS)
 MLA_BACKENDS = ("triton",)
 
 

@@ -70,7 +70,7 @@ class Enlargement:
                            "widens; give at least the small pair's width")
         if not (cfg.is_mla and cfg.n_routed_experts):
             out.append("the target is not MLA + MoE (kv_lora_rank and n_routed_experts are 0): enlarge a Kimi-shaped "
-                       "pair (bench/train_pair.py --size kimi-allexp)")
+                       "pair (training/train_pair.py --size kimi-allexp)")
         if cfg.n_group != 1 or cfg.topk_group != 1:
             out.append(f"n_group {cfg.n_group} / topk_group {cfg.topk_group}: added experts would change the groups; "
                        "enlarge a pair routed in one group (n_group = topk_group = 1, as Kimi K2.6)")

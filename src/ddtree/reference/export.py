@@ -1,6 +1,6 @@
 """python -m ddtree.reference.export --pair DIR --out DIR [--dtype bfloat16]
 
-Writes a reference pair (DIR/target + DIR/draft, as bench/train_pair.py or ddtree.reference.init
+Writes a reference pair (DIR/target + DIR/draft, as training/train_pair.py or ddtree.reference.init
 write them) in the checkpoint formats SGLang 0.5.23 loads, with no code of SGLang's:
   OUT/target  an MLA target (Kimi K2.6's text model, ddtree.reference.mla): DeepseekV3ForCausalLM, or
               with --kimi-wrapper KimiK25ForConditionalGeneration (the same tensors under language_model.);
@@ -246,7 +246,7 @@ def export_pair(pair: Pair, out: Path, dtype: str = "bfloat16", wrapper: bool = 
     out = Path(out)
     if int4 and not (pair.target.config.is_mla and pair.target.config.n_routed_experts):
         raise ValueError("--int4-experts needs a target with routed experts (an MLA + MoE target, e.g. "
-                         "bench/train_pair.py --size kimi)")
+                         "training/train_pair.py --size kimi)")
     draft_cfg = draft_config(pair.draft.config, pair.target.config, dtype)   # checks before writing anything
     config, tensors = target_config(pair.target.config, dtype, wrapper), target_tensors(pair, wrapper)
     if int4:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ddtree.sglang import graph_check, keys, penalty_state
+from ddtree.sglang.diagnostics import graph_check
+from ddtree.sglang.setup import keys
+from ddtree.sglang.step import penalty_state
 from ddtree.sglang.requests import ServedFeatures, request_refusal
 from ddtree.settings import DEFAULT_BUDGET, DEFAULT_TOPK_CAP, MAX_BUDGET, DDTreeConfigError, DDTreeSettings
-from ddtree.sglang.refusals import validate
-from ddtree.sglang.server_env import (block_to_env, draft_block_size, from_env, resolved_block,
+from ddtree.sglang.setup.refusals import validate
+from ddtree.sglang.setup.server_env import (block_to_env, draft_block_size, from_env, resolved_block,
                                       schedule_from_env, schedule_to_env)
 
 log = logging.getLogger(__name__)

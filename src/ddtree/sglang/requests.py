@@ -8,7 +8,7 @@ before it reaches the scheduler: the client gets an error naming the field, its 
 fix, and the server keeps serving everyone else. Logit bias (the same for every tree node) and
 stop conditions (applied to the emitted tokens) are supported. A per-request sampling seed at
 temperature > 0 is served under SGLang's deterministic inference (each tree node drawn as SGLang's
-seeded sampler draws, ddtree.sglang.seeded) and refused without it (SGLang itself uses seeds only
+seeded sampler draws, ddtree.sglang.step.seeded) and refused without it (SGLang itself uses seeds only
 there; DDTREE would sample from the server's generator). Grammars and custom logit processors are served on every
 DDTREE server, and so are penalties, min_new_tokens and output logprobs (their switches were removed once the H200 test
 bed showed each equal to NONE on pairs where that is decidable: grammars and processors 2026-12-03, penalties and

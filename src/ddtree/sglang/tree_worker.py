@@ -33,20 +33,20 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ddtree.settings import DDTreeConfigError, DDTreeSettings, WidthSchedule
-from ddtree.sglang import switches
-from ddtree.sglang.decode_step import (EagerPasses, commit, constrain_to_grammars, draft_candidates,
+from ddtree import switches
+from ddtree.sglang.step.decode_step import (EagerPasses, commit, constrain_to_grammars, draft_candidates,
                                        narrow_candidates, plan_step, reserve_window, run_verify,
                                        verify_forward_batch)
-from ddtree.sglang.head import DraftCandidateHead
-from ddtree.sglang.profile import OFF, StepProfiler
-from ddtree.sglang.server_env import from_env, resolved_block, schedule_from_env
-from ddtree.sglang.step_dump import Diagnostics, StepDump, announce, dump_step
-from ddtree.sglang.sync_check import SyncCheck
-from ddtree.sglang.verdict import VerdictSetup, decide
-from ddtree.sglang.widths import TargetWidths
-from ddtree.sglang.policy_metrics import PolicyMetrics
-from ddtree.sglang.step_policy import StepPolicy
-from ddtree.sglang.worker_setup import (head_shard, keep_draft_block, prewarm_trees, rehearse_sampling,
+from ddtree.sglang.step.head import DraftCandidateHead
+from ddtree.sglang.diagnostics.profile import OFF, StepProfiler
+from ddtree.sglang.setup.server_env import resolved_block, schedule_of, settings_of
+from ddtree.sglang.diagnostics.step_dump import Diagnostics, StepDump, announce, dump_step
+from ddtree.sglang.diagnostics.sync_check import SyncCheck
+from ddtree.sglang.step.verdict import VerdictSetup, decide
+from ddtree.sglang.setup.widths import TargetWidths
+from ddtree.sglang.policy.policy_metrics import PolicyMetrics
+from ddtree.sglang.policy.step_policy import StepPolicy
+from ddtree.sglang.setup.worker_setup import (head_shard, keep_draft_block, prewarm_trees, rehearse_sampling,
                                         step_costs, step_policy, target_widths, unsupported_reason)
 from ddtree.tree import build_tree_from_candidates, candidate_count
 
@@ -75,7 +75,8 @@ class DDTreeWorker(DFlashWorkerV2):
     """DFlash draft + DDTree: a tree of the budget best draft paths verified in one target pass."""
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-        settings = from_env()
+        read = switches.read()                                                    # every SGLANG_DDTREE_* once
+        settings = settings_of(read)
         block = resolved_block(settings)
         super().__init__(server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port,
                          target_worker=target_worker)
@@ -83,11 +84,10 @@ class DDTreeWorker(DFlashWorkerV2):
         problem = unsupported_reason(self)
         if problem:
             raise DDTreeConfigError(problem)
-        read = switches.read()                                                    # every SGLANG_DDTREE_* once
         vocab = int(self.model_runner.model_config.vocab_size)
         diagnostics = Diagnostics.from_switches(read)
         self.ddtree = DDTreeParts(
-            settings=settings, schedule=schedule_from_env(), vocab=vocab,
+            settings=settings, schedule=schedule_of(read), vocab=vocab,
             head=DraftCandidateHead(head_shard(self), candidate_count(settings.topk_cap, settings.budget, vocab),
                                     block, max_bs=0),
             verdict_setup=VerdictSetup(                                           # the parent set these up

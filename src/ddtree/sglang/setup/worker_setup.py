@@ -1,0 +1,192 @@
+"""What a DDTREE worker does once, at start-up inside SGLang 0.5.23 (tree_worker.DDTreeWorker's set-up, one
+function per job; `worker` is the DDTreeWorker after its parent DFlashWorkerV2's __init__):
+
+  keep_draft_block      undo DFlashWorkerV2.__init__'s block = speculative_num_draft_tokens (= budget + 1 here)
+  unsupported_reason    what only the loaded models tell DDTREE cannot serve (the rest is refused before start)
+  head_shard            the target's LM head as the candidate head scores with it (TP shard, dense only)
+  max_running           the most requests a step can run, from the settings SGLang fills before the worker
+  prewarm_trees         one tree per (budget, cap) of the schedule: Triton builds and table copies happen here
+  target_widths         a schedule's narrower verify widths (widths.py), after the target's graphs exist
+  step_policy           with `auto`: the step costs (graph_timing: every captured graph timed, or the sweep's table)
+                        and the width policy (step_policy.py), after every graph exists
+  rehearse_sampling     the sampling verify's memory peak, so SGLang reserves it
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.model_executor.model_runner import SamplingPrewarmResult
+from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule
+from sglang.srt.speculative.dflash_utils import is_dense_head_weight
+from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
+
+from ddtree.settings import DDTreeConfigError, WidthSchedule
+from ddtree.sglang.policy.graph_timing import CostTable, shared_across_ranks, time_graphs
+from ddtree.sglang.step.head import HeadShard
+from ddtree.sglang.policy.step_policy import StepPolicy, step_policy_for
+from ddtree.sglang.setup.widths import TargetWidths
+from ddtree.tree import build_tree_from_candidates, candidate_count
+from ddtree.types import Candidates, SamplingParams
+from ddtree.verify import node_targets
+
+logger = logging.getLogger(__name__)
+
+
+def keep_draft_block(worker, block: int) -> None:
+    worker.block_size = block
+    worker.speculative_num_draft_tokens = block
+    worker.draft_model.set_block_size(block)
+    worker._block_pos_offsets = build_block_pos_offsets(length=block, device=worker.device)
+    worker._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=block, device=worker.device)
+
+
+def unsupported_reason(worker) -> str | None:
+    target = "the target model"
+    checks = (
+        (worker.selector is not None, "a DFlash2 selector draft (candidate lattice) is not a DDTREE draft"),
+        (worker.lilicorr is not None, "a LiLiCorr draft head is not a DDTREE draft"),
+        (worker._is_domino, "a Domino draft is not a DDTREE draft"),
+        (worker.use_compact_draft_cache, "--speculative-draft-window-size (compact draft cache)"),
+        (worker._need_mamba_verify_commit, f"{target} has mamba state (hybrid): its verify commit is a chain"),
+        (worker.page_size != 1, f"--page-size={worker.page_size}: use --page-size 1"),
+        ((worker.model_runner.sliding_window_size or -1) > 0,
+         f"{target} uses sliding-window attention, which the tree mask path does not cover"),
+    )
+    for failed, why in checks:
+        if failed:
+            return f"DDTREE cannot serve this configuration: {why}; serve --speculative-algorithm DFLASH"
+    return None
+
+
+def head_shard(worker) -> HeadShard:
+    lm_head = unwrap_lora_layer(getattr(worker.target_worker.model_runner.model, "lm_head", None))
+    weight = getattr(lm_head, "weight", None)
+    if weight is None or not is_dense_head_weight(weight):
+        raise DDTreeConfigError("DDTREE needs the target's LM head as a dense weight (a quantized LM head "
+                                "cannot score draft candidates); serve --speculative-algorithm DFLASH")
+    tp = get_parallel().tp_group
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is None:
+        num_org = min(int(weight.shape[0]), int(worker.model_runner.model_config.vocab_size))
+        return HeadShard(weight=weight, num_org=num_org, vocab_start=0)
+    if int(shard.num_added_elements) != 0:
+        raise DDTreeConfigError("DDTREE does not score added-vocabulary tokens (LoRA extra vocab) in the "
+                                "draft head; serve --speculative-algorithm DFLASH")
+    world = int(tp.world_size)
+    return HeadShard(weight=weight, num_org=int(shard.num_org_elements),
+                     vocab_start=int(shard.org_vocab_start_index), world=world,
+                     gather=tp.all_gather_into_tensor if world > 1 else None)
+
+
+def max_running() -> int:
+    """Read from the server's settings: SGLang 0.5.23 sets ModelRunner.max_running_requests only in
+    alloc_memory_pool, which has not run on the target when the worker is built (AttributeError at start-up on the
+    H200, 2026-12-03); the decode graphs' largest batch when no limit is set."""
+    limit = get_schedule().max_running_requests
+    if limit:
+        return int(limit)
+    return max(1, max(get_exec().graph.cuda_graph_config.decode.bs or [1]))
+
+
+def prewarm_trees(schedule: WidthSchedule, vocab: int, depth: int, device) -> None:
+    """One tree for every (budget, cap) the schedule gives a running batch: the tree kernel's Triton build (2.5 s
+    on the H200) and its pair tables' copy to the device happen here, not in the first served step (seen on the
+    H200, 2026-12-02: the sync check flagged that copy in the first step)."""
+    for budget, cap in sorted(schedule.pairs(max_running())):
+        k = candidate_count(cap, budget, vocab)
+        cand = Candidates(logp=torch.zeros((1, depth, k), dtype=torch.float32, device=device),   # [1, L, K]
+                          tokens=torch.zeros((1, depth, k), dtype=torch.int64, device=device))
+        build_tree_from_candidates(cand, torch.zeros(1, dtype=torch.int64, device=device), budget)
+
+
+def target_widths(worker, schedule: WidthSchedule, verify_tokens: int) -> TargetWidths | None:
+    """A schedule's narrower verify widths: the target's attention backend and graphs for each. They need the
+    target's decode graph runner, which SGLang 0.5.23 builds after the draft worker's __init__ (Scheduler.
+    init_model_worker: draft worker, memory pools, attention backends, then the target's graphs before the
+    draft's): the worker calls this from its init_cuda_graphs, after its parent's (AttributeError on the H200,
+    2026-12-03, when built in __init__)."""
+    if len(schedule.widths) < 2 and not schedule.auto:      # auto times its graphs through TargetWidths, even one
+        return None
+    widths = TargetWidths(worker.target_worker.model_runner, schedule, verify_tokens, max_running())
+    logger.info("DDTREE %s: %s", schedule, widths.memory_report())
+    return widths
+
+
+def step_costs(worker, widths: TargetWidths | None, table_file) -> CostTable:
+    """The step cost table of an `auto` server: the sweep's file when given, else every captured verify graph (each
+    width's) and the draft's timed now, rank 0's shared with every rank; logged line by line."""
+    if table_file is not None:
+        table = CostTable.read(table_file)
+    else:
+        if widths is None or any(state.graph_runner is None for state in widths.states.values()):
+            raise DDTreeConfigError("--speculative-ddtree-budget auto needs the step costs: with CUDA graphs off there "
+                                    "are no graphs to time; turn CUDA graphs on or give a measured table in "
+                                    "SGLANG_DDTREE_COST_TABLE")
+        runners = {w: state.graph_runner for w, state in widths.states.items()}
+        draft = getattr(worker.draft_model_runner, "decode_cuda_graph_runner", None)
+        table = time_graphs(runners, draft, int(worker.target_worker.model_runner.model_config.vocab_size))
+        table = shared_across_ranks(table, get_parallel().tp_group, worker.device)
+    for line in table.lines():
+        logger.info(line)
+    return table
+
+
+def host_share_across_ranks():
+    """Rank 0's host share for every rank, through the TP group's CPU group (None at TP 1: nothing to share)."""
+    tp = get_parallel().tp_group
+    if int(tp.world_size) <= 1:
+        return None
+
+    def share(ms: float) -> float:
+        value = torch.tensor([ms], dtype=torch.float64)
+        torch.distributed.broadcast(value, src=tp.ranks[0], group=tp.cpu_group)
+        return float(value[0])
+    return share
+
+
+def step_policy(worker, schedule: WidthSchedule, table: CostTable) -> StepPolicy:
+    """The width policy over the schedule's choices, priced by `table` (lag 2 under the overlap scheduler, 1
+    without: step_policy.py says why)."""
+    overlapped = not get_schedule().disable_overlap_schedule
+    policy = step_policy_for(schedule.choices(), schedule.chain, table.curve(), depth=worker.block_size - 1,
+                             lag=2 if overlapped else 1, device=worker.device, overlapped=overlapped,
+                             share=host_share_across_ranks())
+    logger.info("DDTREE width policy: %s, lag %d step(s)%s", ", ".join(o.name for o in policy.options), policy.lag,
+                " (overlap scheduler)" if overlapped else "")
+    if torch.device(worker.device).type == "cuda":
+        capture_policy_graphs(policy, get_exec().graph.cuda_graph_config.decode.bs or [max_running()])
+    return policy
+
+
+def capture_policy_graphs(policy: StepPolicy, batch_sizes) -> None:
+    """The policy's per-step device work as CUDA graphs (step_policy.PolicyGraphs), timed in the log."""
+    start = time.perf_counter()
+    graphs = policy.capture(batch_sizes)
+    logger.info("DDTREE width policy graphs: observe at bs %s, learn at %d (bs, width), captured in %.1f s",
+                graphs.sizes, len(graphs.learn), time.perf_counter() - start)
+
+
+def rehearse_sampling(model_runner, verify_tokens: int, device) -> SamplingPrewarmResult:
+    """The sampling verify of every node of every tree at once ([bs * N, V] probabilities), rehearsed so its
+    memory peak is reserved; DFlash's own rehearsal (its chain sampling kernel) does not apply here."""
+    n, vocab = verify_tokens, int(model_runner.model_config.vocab_size)
+    bs = max(1, min(int(model_runner.max_running_requests or 1), model_runner.max_decode_logits_rows() // n))
+    logits = torch.zeros((bs, n, vocab), dtype=torch.float32, device=device)           # [bs, N, V]
+    params = SamplingParams(temperature=torch.ones(bs, device=device), top_k=None,
+                            top_p=torch.full((bs,), 0.95, device=device), min_p=None, all_greedy=False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    node_targets(logits, params, generator=None)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    size = logits.numel() * logits.element_size()
+    result = SamplingPrewarmResult(sampling_input_bytes=size, sampling_headroom_bytes=peak + size)
+    model_runner.sampling_prewarm_result = result
+    logger.info("DDTREE sampling pre-warm: bs=%d x %d nodes, peak=%d B headroom=%d B", bs, n, peak,
+                result.sampling_headroom_bytes)
+    return result
