@@ -20,10 +20,21 @@ from ddtree.reference import generate
 API_KEY = "test-key-not-secret"
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports: every socket held until all are picked (two picks one after the other can
+    get the same port back - CI on ee929d8 gave the gateway's listener and its metrics the same one)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass

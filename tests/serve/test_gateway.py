@@ -24,7 +24,7 @@ import pytest
 from tests import playbook_clients as pc
 from tests.helpers import self_signed
 
-from .conftest import API_KEY, free_port, start_server
+from .conftest import API_KEY, free_ports, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "roles/gateway/files/k26_gateway.py"
@@ -101,14 +101,14 @@ class Fleet:
         if not python:
             pytest.skip("K26_GATEWAY_PYTHON (the gateway venv's python) is not set: `make test` builds and sets it")
         self.workers = [start_server(tmp, pair_dir) for _ in range(2)]
-        self.port = free_port()
+        self.port, metrics_port = free_ports(2)
         self.config = tmp / "gateway.yaml"
         key_file = tmp / "worker.key"               # as the gateway role writes it: the key alone, in its own file
         key_file.write_text(API_KEY + "\n")
         self.config.write_text(json.dumps({
             "host": "127.0.0.1", "port": self.port, "workers": [w.url for w in self.workers], "api_key_file": str(key_file),
             "client_keys": [API_KEY, NEXT_KEY],
-            "admin_key": ADMIN_KEY, "policy": "round_robin", "metrics_port": free_port(),
+            "admin_key": ADMIN_KEY, "policy": "round_robin", "metrics_port": metrics_port,
             "health": {"interval_secs": HEALTH_INTERVAL, "failure_threshold": FAILURES, "success_threshold": 1,
                        "timeout_secs": 2},
             **({"tls_cert_file": str(tls[0]), "tls_key_file": str(tls[1])} if tls else {})}))
