@@ -15,16 +15,16 @@ Standard library + PyYAML at import (both sides).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from testbed.ansible_run import BIN, DEMO_VAULT_PASSWORD, run
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTBED = ROOT / "testbed/testbed.yml"
@@ -193,17 +193,6 @@ def testbed_variables(name: str, bed: dict) -> dict:
     return values
 
 
-DEMO_VAULT_PASSWORD = "k26-demo-vault-password"  # the documented demo password of the example's vault
-
-
-def playbook(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
-    """ansible-playbook (beside this Python) with ARGS in the repository, its scratch under TMP."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-           "ANSIBLE_HOME": str(tmp / "home"), "ANSIBLE_LOCAL_TEMP": str(tmp / "tmp"), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
-    return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
 def render(overrides: dict, tmp: Path, gateway: dict | None = None) -> tuple[Rendered, str | None]:
     """inventory/production through render.yml with `overrides` as extra variables."""
     out = Path(tempfile.mkdtemp(dir=tmp))
@@ -213,8 +202,8 @@ def render(overrides: dict, tmp: Path, gateway: dict | None = None) -> tuple[Ren
     if gateway:
         extra.update(gateway, k26_render_gateway=True)
     (out / "files").mkdir()
-    r = playbook(["-i", "inventory/production", "testbed/render.yml",
-                  "--vault-password-file", str(password), "-e", json.dumps(extra)], out)
+    r = run([str(BIN / "ansible-playbook"), "-i", "inventory/production", "testbed/render.yml",
+             "--vault-password-file", str(password), "-e", json.dumps(extra)], out)
     if r.returncode != 0:
         raise RuntimeError(f"render failed:\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
     files = out / "files"

@@ -15,7 +15,7 @@ import torch
 
 from ddtree import _checks, switches
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = switches.BY_FIELD["backend"].choices      # ("auto", "torch", "triton"): DDTREE_BACKEND's, one list
 
 
 def kernels() -> ModuleType:

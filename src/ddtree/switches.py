@@ -11,9 +11,8 @@ at a time where it is used (`one`), as tests and the reference engine set them p
 Three of them carry the server's own flags to SGLang's spawned scheduler processes (the budget, the cap and
 the draft's block, written by the plugin's start-up hooks: settings.schedule_to_env / block_to_env); they are
 read as text here and parsed by ddtree.sglang.setup.server_env, whose messages name the flag. A test holds every
-`DDTREE_*` / `SGLANG_DDTREE_*` name the source reads to this registry (tests/unit/test_switches.py). docs/plugin.md's table of
-switches and the Ansible input filter's test-bed-only list are checked against SWITCHES
-(tests/unit/test_switches.py).
+`DDTREE_*` / `SGLANG_DDTREE_*` name the source reads to this registry, and docs/plugin.md's table of switches and
+the Ansible input filter's test-bed-only list to SWITCHES (tests/unit/test_switches.py).
 """
 
 from __future__ import annotations
@@ -166,36 +165,28 @@ class Switches:
     fault: str | None = None
 
 
+BY_FIELD = {s.field: s for s in SWITCHES}
+
+
 def read(environ: Mapping[str, str] | None = None) -> Switches:
     """Every switch from `environ` (default: this process's environment, read now); the first bad value raises."""
     environ = os.environ if environ is None else environ
-    values = {}
-    for switch in SWITCHES:
-        raw = environ.get(switch.name, "")
-        try:
-            values[switch.field] = switch.parse(raw)
-        except ValueError:
-            raise DDTreeConfigError(_bad(switch, raw)) from None
-    return Switches(**values)
-
-
-BY_FIELD = {s.field: s for s in SWITCHES}
+    return Switches(**{s.field: _value(s, environ) for s in SWITCHES})
 
 
 def one(field: str, environ: Mapping[str, str] | None = None) -> object:
     """One switch's value from `environ` (default: this process's environment, read now); a bad value raises as
     read() does."""
-    switch = BY_FIELD[field]
-    raw = (os.environ if environ is None else environ).get(switch.name, "")
+    return _value(BY_FIELD[field], os.environ if environ is None else environ)
+
+
+def _value(switch: Switch, environ: Mapping[str, str]) -> object:
+    raw = environ.get(switch.name, "")
     try:
         return switch.parse(raw)
     except ValueError:
-        raise DDTreeConfigError(_bad(switch, raw)) from None
-
-
-def _bad(switch: Switch, raw: str) -> str:
-    return (f"{switch.name}={raw!r} is invalid: expected {switch.expects()} ({switch.meaning}); fix the "
-            "server's environment (the unit's env file)")
+        raise DDTreeConfigError(f"{switch.name}={raw!r} is invalid: expected {switch.expects()} ({switch.meaning}); "
+                                "fix the server's environment (the unit's env file)") from None
 
 
 def table() -> str:

@@ -7,16 +7,14 @@ import functools
 import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from testbed.ansible_run import BIN, DEMO_VAULT_PASSWORD, ansible_env, run  # noqa: F401  (the tests import them here)
+
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-DEMO_VAULT_PASSWORD = "k26-demo-vault-password"  # documented demo password of the example vault
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,19 +29,6 @@ def load_filters(name: str = "k26_inputs"):
 
 def load_k26_inputs():
     return load_filters("k26_inputs")
-
-
-def ansible_env(tmp: Path) -> dict:
-    env = os.environ.copy()
-    env.update(PATH=f"{BIN}:{env.get('PATH', '')}", ANSIBLE_HOME=str(tmp / "home"),
-               ANSIBLE_LOCAL_TEMP=str(tmp / "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    return env
-
-
-def run(args: list[str], tmp: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """ARGS in the repository with Ansible's scratch under TMP; ENV adds variables to that environment."""
-    return subprocess.run(args, cwd=ROOT, env={**ansible_env(tmp), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -75,7 +75,7 @@ class DDTreeWorker(DFlashWorkerV2):
     """DFlash draft + DDTree: a tree of the budget best draft paths verified in one target pass."""
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-        read = switches.read()                                                    # every SGLANG_DDTREE_* once
+        read = switches.read()                                        # every DDTREE_* / SGLANG_DDTREE_* once
         settings = settings_of(read)
         block = resolved_block(settings)
         super().__init__(server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port,
