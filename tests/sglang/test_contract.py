@@ -229,6 +229,7 @@ def test_invalid_settings_are_rejected_with_the_plugins_message(invalid_outcomes
 
 
 OVERRIDES = {"__init__", "forward_batch_generation", "_maybe_build_draft_sampler", "prewarm_sampling", "init_cuda_graphs"}
+FAULT_HOOKS = {"verify_tree", "penalty_paths"}      # DDTreeWorker's own, overridden by the test bed's fault workers
 
 
 def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
@@ -239,7 +240,8 @@ def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
 
     worker = make_worker_class()
     own = {n for n, v in vars(worker).items() if callable(v) or isinstance(v, staticmethod)}
-    assert own - {"_decode"} == OVERRIDES and not hasattr(DFlashWorkerV2, "_decode")
+    assert own - {"_decode"} - FAULT_HOOKS == OVERRIDES
+    assert not any(hasattr(DFlashWorkerV2, name) for name in FAULT_HOOKS | {"_decode"})
     for name in OVERRIDES:      # every override exists upstream with the same parameters
         assert inspect.signature(getattr(worker, name)).parameters.keys() == \
             inspect.signature(getattr(DFlashWorkerV2, name)).parameters.keys(), name
@@ -277,13 +279,62 @@ def test_every_parent_field_the_stages_read_is_dflash_worker_v2s_own():
 
     from ddtree.sglang import tree_worker
     from ddtree.sglang.setup import worker_setup
-    from ddtree.sglang.step import decode_step
 
     sources = "\n".join(inspect.getsource(c) for c in DFlashWorkerV2.__mro__ if c.__module__.startswith("sglang"))
     assigned = set(re.findall(r"self\.(\w+)\s*(?::[^=\n]*)?=(?!=)", sources))
-    read = worker_reads(decode_step) | worker_reads(worker_setup) | (worker_reads(tree_worker, "self") - {"ddtree", "_decode"})
+    read = worker_reads(worker_setup) | (worker_reads(tree_worker, "self") - {"ddtree", "_decode"} - FAULT_HOOKS)
     missing = {a for a in read if a not in assigned and not hasattr(DFlashWorkerV2, a)}
     assert read and not missing, missing
+    view_reads = worker_reads(worker_setup.step_view)
+    assert {"_mask_token_id", "_draft_sampler", "_append_target_hidden_to_draft_kv_by_loc"} <= view_reads, view_reads
+
+
+def test_the_stages_read_the_step_view_not_the_worker():
+    """The decode stages and the verdict take the StepView (built once after the graphs) and never the worker: no
+    parameter named worker, no attribute read off one; every StepView field is filled by step_view."""
+    import ast
+    import dataclasses
+
+    from ddtree.sglang.setup import worker_setup
+    from ddtree.sglang.step import decode_step, verdict
+    from ddtree.sglang.step.view import StepView
+
+    for module in (decode_step, verdict):
+        tree = ast.parse(inspect.getsource(module))
+        params = {a.arg for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) for a in fn.args.args}
+        assert "worker" not in params and worker_reads(module) == set(), module.__name__
+    built = ast.parse(inspect.getsource(worker_setup.step_view))
+    call = next(n for n in ast.walk(built) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "StepView")
+    assert {k.arg for k in call.keywords} == {f.name for f in dataclasses.fields(StepView)}
+
+
+def test_a_fault_is_a_worker_class_chosen_at_start_up():
+    """SGLANG_DDTREE_FAULT picks a subclass that overrides one hook; the served class has none of the faults'
+    behaviour (its hooks hand back the step's own tree), and every fault the switch registry allows has a class."""
+    import torch
+
+    from ddtree import build_tree, switches
+    from ddtree.sglang.diagnostics.faults import FAULT_WORKERS
+    from ddtree.sglang.diagnostics.step_dump import hide_paths_from_penalties, leak_siblings
+    from ddtree.sglang.tree_worker import DDTreeWorker
+    from ddtree.sglang.worker import make_worker_class
+
+    assert set(FAULT_WORKERS) == set(switches.BY_FIELD["fault"].choices)
+    assert make_worker_class({}) is DDTreeWorker
+    tree = build_tree(torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0)), torch.tensor([1, 2]),
+                      budget=6, topk_cap=2, backend="torch")
+    served = DDTreeWorker.__new__(DDTreeWorker)              # the hooks read nothing of the worker
+    assert served.verify_tree(tree) is tree and served.penalty_paths(tree) is tree
+    for fault, made in (("sibling", leak_siblings), ("stale-penalties", hide_paths_from_penalties)):
+        cls = make_worker_class({"SGLANG_DDTREE_FAULT": fault})
+        assert cls is FAULT_WORKERS[fault] and issubclass(cls, DDTreeWorker)
+        worker = cls.__new__(cls)
+        hooked = {"sibling": worker.verify_tree, "stale-penalties": worker.penalty_paths}[fault](tree)
+        assert torch.equal(hooked.ancestor_mask, made(tree).ancestor_mask)
+        assert not torch.equal(hooked.ancestor_mask, tree.ancestor_mask)
+        assert {n for n in vars(cls) if callable(vars(cls)[n])} <= FAULT_HOOKS
+    with pytest.raises(Exception, match="SGLANG_DDTREE_FAULT"):
+        make_worker_class({"SGLANG_DDTREE_FAULT": "typo"})
 
 
 def test_the_worker_module_is_imported_only_when_the_worker_is_asked_for():

@@ -208,8 +208,9 @@ def test_diagnostics_switches_name_a_bad_value(env, problem):
 
 
 def test_diagnostics_are_off_by_default():
-    d = Diagnostics.from_switches(switches.read({}))
-    assert not d.active and d.dump_dir is None and d.fault is None
+    read = switches.read({})
+    d = Diagnostics.from_switches(read)
+    assert d.dump_dir is None and read.fault is None
 
 
 # --- the GPU test's record handling (tests/gpu_sglang/test_node_logits.py), on made-up records ------------------

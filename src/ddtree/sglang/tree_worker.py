@@ -4,8 +4,11 @@ top: ddtree.sglang.worker.make_worker_class imports it when the plugin registers
 A subclass of 0.5.23's DFlashWorkerV2; no file of SGLang is patched. Prefill and idle steps are the parent's (the
 target's prefill, its hidden states into the draft's KV, the first token from SGLang's own sampler). A decode
 step is this module's: the stages of decode_step.py (window, draft, tree, grammar, verify, verdict, commit) run in
-order over one StepPlan, each taking what it reads and returning what it writes; the verdict is verdict.py's.
-Start-up jobs are worker_setup.py's; what the worker adds to its parent is one DDTreeParts, set in __init__.
+order over one StepPlan, each taking what it reads (the StepView, step/view.py, built once after the graphs: no
+stage reads the worker) and returning what it makes; the verdict is verdict.py's. Start-up jobs are
+worker_setup.py's; what the worker adds to its parent is one DDTreeParts, set in __init__. The test bed's
+deliberate faults are subclasses (diagnostics/faults.py) that override the two hooks below, verify_tree and
+penalty_paths; ddtree.sglang.worker.make_worker_class picks one at start-up from SGLANG_DDTREE_FAULT.
 
 Sizing (see server_env.py): SGLang's speculative_num_draft_tokens is N = budget + 1 on a DDTREE server;
 DFlashWorkerV2.__init__ takes that as its block size, so the worker restores the draft's own block
@@ -35,20 +38,22 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from ddtree.settings import DDTreeConfigError, DDTreeSettings, WidthSchedule
 from ddtree import switches
 from ddtree.sglang.step.decode_step import (EagerPasses, commit, constrain_to_grammars, draft_candidates,
-                                       narrow_candidates, plan_step, reserve_window, run_verify,
-                                       verify_forward_batch)
+                                            hand_to_scheduler, narrow_candidates, plan_step, reserve_window,
+                                            run_verify, verify_forward_batch)
 from ddtree.sglang.step.head import DraftCandidateHead
 from ddtree.sglang.diagnostics.profile import OFF, StepProfiler
 from ddtree.sglang.setup.server_env import resolved_block, schedule_of, settings_of
 from ddtree.sglang.diagnostics.step_dump import Diagnostics, StepDump, announce, dump_step
 from ddtree.sglang.diagnostics.sync_check import SyncCheck
-from ddtree.sglang.step.verdict import VerdictSetup, decide
+from ddtree.sglang.step.verdict import VerdictSetup, decide, step_paths
+from ddtree.sglang.step.view import StepView
 from ddtree.sglang.setup.widths import TargetWidths
 from ddtree.sglang.policy.policy_metrics import PolicyMetrics
 from ddtree.sglang.policy.step_policy import StepPolicy
 from ddtree.sglang.setup.worker_setup import (head_shard, keep_draft_block, prewarm_trees, rehearse_sampling,
-                                        step_costs, step_policy, target_widths, unsupported_reason)
+                                             step_costs, step_policy, step_view, target_widths, unsupported_reason)
 from ddtree.tree import build_tree_from_candidates, candidate_count
+from ddtree.types import DraftTree
 
 
 @dataclass
@@ -62,8 +67,9 @@ class DDTreeParts:
     verdict_setup: VerdictSetup
     profiler: StepProfiler              # OFF unless SGLANG_DDTREE_PROFILE_STEPS
     sync_check: SyncCheck | None        # None unless SGLANG_DDTREE_SYNC_CHECK
-    diagnostics: Diagnostics            # test-bed switches (dump, deliberate faults)
+    diagnostics: Diagnostics            # test-bed switches (dump; the fault is the worker's class)
     dump: StepDump | None
+    view: StepView | None = None        # what the stages read, built in init_cuda_graphs
     widths: TargetWidths | None = None  # a schedule's narrower verify widths, built in init_cuda_graphs
     cost_table: Path | None = None      # SGLANG_DDTREE_COST_TABLE: a sweep's step costs for `auto`
     policy: StepPolicy | None = None    # `auto`: the width of each step (step_policy.py), built in init_cuda_graphs
@@ -92,7 +98,7 @@ class DDTreeWorker(DFlashWorkerV2):
                                     block, max_bs=0),
             verdict_setup=VerdictSetup(                                           # the parent set these up
                 logits_processor=self._target_logits_processor, can_skip_logits=self._can_skip_verify_logits,
-                tp_sync=self._tp_sync, stale_penalties=diagnostics.fault == "stale-penalties"),
+                tp_sync=self._tp_sync, penalty_paths=self.penalty_paths),
             profiler=StepProfiler.from_switches(read, torch.cuda.synchronize) or OFF,
             sync_check=SyncCheck.from_switches(read), diagnostics=diagnostics,
             dump=StepDump(diagnostics.dump_dir, diagnostics.dump_steps) if diagnostics.dump_dir is not None else None,
@@ -103,10 +109,11 @@ class DDTreeWorker(DFlashWorkerV2):
     # --- SGLang's hooks ----------------------------------------------------------------------------------------
 
     def init_cuda_graphs(self):
-        """The draft's graphs (DFlashWorkerV2's), then a schedule's narrower verify widths, then with `auto` the
-        step costs and the width policy (worker_setup)."""
+        """The draft's graphs (DFlashWorkerV2's), then a schedule's narrower verify widths, with `auto` the step
+        costs and the width policy, and last the stages' view (worker_setup)."""
         super().init_cuda_graphs()
         parts = self.ddtree
+        parts.view = step_view(self)
         parts.widths = target_widths(self, parts.schedule, parts.settings.verify_tokens)
         if parts.schedule.auto:
             table = step_costs(self, parts.widths, parts.cost_table)
@@ -122,6 +129,16 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def prewarm_sampling(self):
         return rehearse_sampling(self.model_runner, self.ddtree.settings.verify_tokens, self.device)
+
+    # --- the hooks a test-bed fault overrides (diagnostics/faults.py) ---------------------------------------------
+
+    def verify_tree(self, tree: DraftTree) -> DraftTree:
+        """The tree the verify pass attends over: the step's own."""
+        return tree
+
+    def penalty_paths(self, tree: DraftTree) -> DraftTree:
+        """The tree as the verdict's penalties count it: each node's own path."""
+        return step_paths(tree)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
@@ -143,16 +160,18 @@ class DDTreeWorker(DFlashWorkerV2):
     # --- the decode step ---------------------------------------------------------------------------------------
 
     def _decode(self, batch, draft_input, on_publish, grammar_barrier) -> GenerationBatchResult:
-        parts = self.ddtree
+        parts, view = self.ddtree, self.ddtree.view
+        if view is None:
+            raise RuntimeError("DDTREE decode before init_cuda_graphs built the stages' view")
         plan = plan_step(batch, parts.schedule, parts.policy)                     # bs, this step's budget / cap
         if parts.metrics is not None:
             parts.metrics.maybe_publish(parts.policy)
         prof = parts.profiler
         prof.begin(plan.bs)
         with prof.stage("window"):
-            window = reserve_window(self, batch, draft_input, plan)               # slots [bs, N]
+            window = reserve_window(view, batch, draft_input, plan)               # slots [bs, N]
         with prof.stage("draft"):
-            widest = draft_candidates(self, batch, draft_input, plan, window, parts.head, parts.eager)
+            widest = draft_candidates(view, batch, draft_input, plan, window, parts.head, parts.eager)
         with prof.stage("tree"):
             candidates = narrow_candidates(widest, plan, parts.vocab)              # [bs, L, K(cap)]
             tree = build_tree_from_candidates(candidates, draft_input.bonus_tokens.view(-1), plan.budget)
@@ -164,22 +183,22 @@ class DDTreeWorker(DFlashWorkerV2):
             with prof.stage("grammar"):
                 grammar = constrain_to_grammars(batch, candidates, tree, plan, grammar_barrier)
                 tree = grammar.tree if grammar is not None else tree
+        hand_to_scheduler(batch, window)
         with parts.widths.active(plan.width) if parts.widths else contextlib.nullcontext():
             with prof.stage("verify_inputs"):
-                verify_batch = verify_forward_batch(self, batch, draft_input, tree, plan, window,
-                                                    leak=parts.diagnostics.fault == "sibling")
+                verify_batch = verify_forward_batch(view, batch, draft_input, self.verify_tree(tree), plan, window)
             with prof.stage("verify"):
-                target_out = run_verify(self, verify_batch, parts.eager)
+                target_out = run_verify(view, verify_batch, parts.eager)
         if parts.dump is not None and parts.dump.wanted():
-            dump_step(parts.dump, self.target_worker.model_runner, batch, tree,
+            dump_step(parts.dump, view.target_worker.model_runner, batch, tree,
                       target_out.logits_output.next_token_logits, plan.prefix_lens)
         with prof.stage("verdict"):
-            verdict = decide(parts.verdict_setup, batch, tree, target_out.logits_output, plan.prefix_lens,
+            decided = decide(parts.verdict_setup, batch, tree, target_out.logits_output, plan.prefix_lens,
                              grammar.mask if grammar is not None else None)
         if parts.policy is not None:
             with prof.stage("learn"):
-                parts.policy.learn(tree, verdict.accept_len)
+                parts.policy.learn(tree, decided.verdict.accept_len)
         with prof.stage("commit"):
-            result = commit(self, batch, verdict, plan, window, target_out, on_publish)
+            result = commit(view, batch, decided, plan, window, target_out, on_publish)
         prof.end()
         return result

@@ -12,6 +12,8 @@ deploy's input check refuses both variables in k26_service_env).
                                 mask, for showing that a check fails on it. The accept walk is unchanged.
   SGLANG_DDTREE_FAULT=stale-penalties  every node penalised with the step start's counts instead of its own path's
                                 (SGLang's DFLASH way): for showing that the penalty test fails on it.
+  The faults' trees are made here (leak_siblings, hide_paths_from_penalties); the workers that use them, chosen at
+  start-up, are faults.py's.
 
 The dump reads the device (a host copy per step): a diagnostics mode like the step profiler, not a served one.
 """
@@ -29,26 +31,21 @@ import torch
 from ddtree import switches
 from ddtree.types import DraftTree
 
-FAULT_NAME = switches.NAME["fault"]
 DEFAULT_STEPS = 400
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """The diagnostics switches (SGLANG_DDTREE_DUMP, _DUMP_STEPS, _FAULT), read once at start-up."""
+    """The dump switches (SGLANG_DDTREE_DUMP, _DUMP_STEPS), read once at start-up (SGLANG_DDTREE_FAULT picks the
+    worker's class instead: faults.py)."""
 
     dump_dir: Path | None = None
     dump_steps: int = DEFAULT_STEPS
-    fault: str | None = None
 
     @classmethod
     def from_switches(cls, read: switches.Switches) -> Diagnostics:
-        return cls(dump_dir=read.dump, dump_steps=read.dump_steps, fault=read.fault)
-
-    @property
-    def active(self) -> bool:
-        return self.dump_dir is not None or self.fault is not None
+        return cls(dump_dir=read.dump, dump_steps=read.dump_steps)
 
 
 def leak_siblings(tree: DraftTree) -> DraftTree:
@@ -124,10 +121,7 @@ def dump_step(dump: StepDump, target_runner, batch, tree: DraftTree, logits: tor
 
 
 def announce(diagnostics: Diagnostics) -> None:
-    """Say loudly at start-up what is on: a dump slows every step; a fault makes answers wrong."""
+    """Say loudly at start-up that a dump is on: it slows every step (a fault says so itself: faults.py)."""
     if diagnostics.dump_dir is not None:
         logger.warning("DDTREE diagnostics: every decode step's tree, verify logits and prefix KV are written to %s "
                        "(the first %d steps); a test-bed mode, slow", diagnostics.dump_dir, diagnostics.dump_steps)
-    if diagnostics.fault is not None:
-        logger.error("DDTREE DELIBERATE FAULT %s=%s: tree nodes see their earlier siblings; answers are WRONG "
-                     "(a test-bed mode for showing that a check catches it)", FAULT_NAME, diagnostics.fault)

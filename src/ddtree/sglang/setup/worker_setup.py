@@ -10,6 +10,7 @@ function per job; `worker` is the DDTreeWorker after its parent DFlashWorkerV2's
   step_policy           with `auto`: the step costs (graph_timing: every captured graph timed, or the sweep's table)
                         and the width policy (step_policy.py), after every graph exists
   rehearse_sampling     the sampling verify's memory peak, so SGLang reserves it
+  step_view             the decode stages' read-only view (step/view.py), after every graph exists
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.model_executor.model_runner import SamplingPrewarmResult
 from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule
 from sglang.srt.speculative.dflash_utils import is_dense_head_weight
+from sglang.srt.speculative.dflash_worker_v2 import _resolve_dflash_embedding_module
 from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 
 from ddtree.settings import DDTreeConfigError, WidthSchedule
 from ddtree.sglang.policy.graph_timing import CostTable, shared_across_ranks, time_graphs
 from ddtree.sglang.step.head import HeadShard
+from ddtree.sglang.step.view import StepView
 from ddtree.sglang.policy.step_policy import StepPolicy, step_policy_for
 from ddtree.sglang.setup.widths import TargetWidths
 from ddtree.tree import build_tree_from_candidates, candidate_count
@@ -190,3 +193,23 @@ def rehearse_sampling(model_runner, verify_tokens: int, device) -> SamplingPrewa
     logger.info("DDTREE sampling pre-warm: bs=%d x %d nodes, peak=%d B headroom=%d B", bs, n, peak,
                 result.sampling_headroom_bytes)
     return result
+
+
+def step_view(worker) -> StepView:
+    """What the decode stages read, taken once from DFlashWorkerV2's own fields after its init_cuda_graphs (the
+    draft's graphs, and whether the candidate head was folded into them, are decided there). The embedding module
+    is resolved here once (DFlashWorkerV2 resolves it every step: the same module of the same loaded models)."""
+    target_runner = worker.target_worker.model_runner
+    return StepView(
+        device=torch.device(worker.device), block=int(worker.block_size), mask_token_id=int(worker._mask_token_id),
+        block_pos_offsets=worker._block_pos_offsets, full_embed=worker._full_embed_gpu,
+        embedding=unwrap_lora_layer(_resolve_dflash_embedding_module(worker.draft_model, target_runner.model)),
+        embed_scale=float(worker._noise_embed_scale),
+        req_to_token=worker.model_runner.req_to_token_pool.req_to_token,
+        target_worker=worker.target_worker, target_kv=target_runner.kv_index_translator,
+        target_has_graphs=target_runner.decode_cuda_graph_runner is not None,
+        draft_runner=worker.draft_model_runner, draft_kv=worker.draft_model_runner.kv_index_translator,
+        draft_spec_info=worker._draft_block_spec_info, draft_layout=worker.draft_parallel_layout,
+        head_in_graph=worker._draft_sampler is not None,
+        append_draft_context=worker._append_target_hidden_to_draft_kv_by_loc,
+        next_draft_input=worker._make_next_draft_input_decode)

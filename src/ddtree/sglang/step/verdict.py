@@ -9,10 +9,13 @@ Stages, each a function:
   choose_tokens      the target's token at every node: argmax; with a seed under deterministic inference,
                      SGLang's seeded draw at the node's position (seeded.py); else one sample of the node's
                      processed distribution (temperature, top-k, top-p, min-p)
-  decide             the above, rank 0's tokens on every rank, the walk from the root -> Verdict, and the
-                     accepted draft tokens fed to SGLang's penalizers (the root is fed before, by
-                     node_penalties: SGLang's DFLASH-family decode preparation feeds none)
-  committed_logprobs the committed tokens' logprobs from their path's nodes, by SGLang's compute_spec_logprobs
+  decide             the above, rank 0's tokens on every rank, the walk from the root -> Decided (the Verdict
+                     and the gathered logits), and the accepted draft tokens fed to SGLang's penalizers (the
+                     root is fed before, by node_penalties: SGLang's DFLASH-family decode preparation feeds none)
+  committed_logprobs the committed tokens' logprobs from their path's nodes, by SGLang's compute_spec_logprobs,
+                     returned as the logits output's fields (the commit puts them on the output it returns)
+
+The target's verify output is read, never written: the gathered logits come back in Decided.
 
 No host synchronisation here but the processors' (logit_processors.py waits once, in steps with one).
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
@@ -31,9 +35,14 @@ from ddtree.sglang.step.glue import sampling_params_from_sglang
 from ddtree.sglang.step.logit_processors import apply_node_processors
 from ddtree.sglang.step.penalty_state import feed_committed, orchestrator_of, penalties_required, penalty_state
 from ddtree.sglang.step.seeded import seeded_node_targets
-from ddtree.sglang.diagnostics.step_dump import hide_paths_from_penalties
 from ddtree.types import DraftTree
 from ddtree.verify import Verdict, accept_path, node_targets
+
+
+def step_paths(tree: DraftTree) -> DraftTree:
+    """The tree as the penalties count it: each node's own path (the test bed's stale-penalties fault worker
+    gives another: diagnostics/faults.py)."""
+    return tree
 
 
 @dataclass(frozen=True)
@@ -43,16 +52,27 @@ class VerdictSetup:
     logits_processor: object | None                 # the target's LogitsProcessor when its TP gather is deferred
     can_skip_logits: Callable[[object, object], bool]   # DFlashWorkerV2._can_skip_verify_logits(batch, info)
     tp_sync: object                                 # SGLang's SpecTpSync: rank 0's tokens on every rank
-    stale_penalties: bool = False                   # the test bed's deliberate fault (SGLANG_DDTREE_FAULT)
+    penalty_paths: Callable[[DraftTree], DraftTree] = step_paths    # the tree as the penalties count it
 
 
 @dataclass
 class NodeLogits:
     """The verify pass's output as the verdict reads it: rows [bs, N, V] float32, or (greedy with nothing to
-    process under a deferred gather) the argmax per node, int [bs * N], and no rows."""
+    process under a deferred gather) the argmax per node, int [bs * N], and no rows; `full` the logits the
+    step's output carries on ([bs * N, V], the TP gather finished; None when only the argmax was taken)."""
 
     rows: torch.Tensor | None
     argmax: torch.Tensor | None
+    full: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The verdict stage's result: the walk's Verdict and the verify's logits as processed ([bs * N, V], or None
+    when only the argmax was taken), which the commit hands on and the logprobs read."""
+
+    verdict: Verdict
+    logits: torch.Tensor | None
 
 
 def is_greedy(info) -> bool:
@@ -61,18 +81,15 @@ def is_greedy(info) -> bool:
 
 
 def node_logits(setup: VerdictSetup, batch, info, logits_output, bs: int, n: int) -> NodeLogits:
-    """logits_output.next_token_logits [bs * N, V(shard)] -> the node rows, finishing a deferred TP gather (and
-    leaving the gathered logits on logits_output for the logprobs), or only the argmax when that is all the
-    step needs."""
+    """logits_output.next_token_logits [bs * N, V(shard)] -> the node rows, finishing a deferred TP gather, or only
+    the argmax when that is all the step needs."""
     logits = logits_output.next_token_logits
     lp = setup.logits_processor
     if lp is not None and lp.is_deferred_shard(logits):
         if is_greedy(info) and setup.can_skip_logits(batch, info) and not penalties_required(info):
-            logits_output.next_token_logits = None
-            return NodeLogits(rows=None, argmax=lp.deferred_argmax(logits))      # [bs * N] no full gather
+            return NodeLogits(rows=None, argmax=lp.deferred_argmax(logits), full=None)   # [bs * N] no full gather
         logits = lp.finish_deferred_gather(logits)
-        logits_output.next_token_logits = logits
-    return NodeLogits(rows=logits.view(bs, n, -1), argmax=None)                 # [bs, N, V]
+    return NodeLogits(rows=logits.view(bs, n, -1), argmax=None, full=logits)    # [bs, N, V]
 
 
 def node_penalties(info, rows: torch.Tensor, roots: torch.Tensor) -> PenaltyState | None:
@@ -91,7 +108,7 @@ def node_penalties(info, rows: torch.Tensor, roots: torch.Tensor) -> PenaltyStat
 
 
 def process_nodes(info, rows: torch.Tensor, tree: DraftTree, grammar_mask=None,
-                  stale_penalties: bool = False) -> PenaltyState | None:
+                  penalty_paths: Callable[[DraftTree], DraftTree] = step_paths) -> PenaltyState | None:
     """NONE's logit processing at every node, rows [bs, N, V] in place, in its sampler's order. Returns the
     penalty state (fed the accepted tokens after the walk) or None. (SGLang's DFLASH verify adjustments are not
     used: they broadcast one step-start state over the block.)"""
@@ -99,7 +116,7 @@ def process_nodes(info, rows: torch.Tensor, tree: DraftTree, grammar_mask=None,
         return None
     penalties = node_penalties(info, rows, tree.tokens[:, 0])
     if penalties is not None:
-        apply_node_penalties(rows, hide_paths_from_penalties(tree) if stale_penalties else tree, penalties)
+        apply_node_penalties(rows, penalty_paths(tree), penalties)
     if info.logit_bias is not None:
         rows.add_(info.logit_bias[:, None, :].to(rows.dtype))
     flat = rows.view(-1, rows.shape[-1])                                         # [bs * N, V]
@@ -120,7 +137,7 @@ def choose_tokens(info, rows: torch.Tensor, tree: DraftTree, prefix_lens: torch.
 
 
 def decide(setup: VerdictSetup, batch, tree: DraftTree, logits_output, prefix_lens: torch.Tensor,
-           grammar_mask=None) -> Verdict:
+           grammar_mask=None) -> Decided:
     """Target tokens at every node (rank 0's on every rank), then the accepted path. grammar_mask: the step's
     per-node bitmask (grammar.py), applied after penalties and logit bias."""
     bs, n = tree.tokens.shape
@@ -130,7 +147,7 @@ def decide(setup: VerdictSetup, batch, tree: DraftTree, logits_output, prefix_le
     if out.rows is None:
         targets = out.argmax
     else:
-        penalties = process_nodes(info, out.rows, tree, grammar_mask, setup.stale_penalties)
+        penalties = process_nodes(info, out.rows, tree, grammar_mask, setup.penalty_paths)
         targets = choose_tokens(info, out.rows, tree, prefix_lens)
     targets = targets.view(bs, n).to(torch.int64).contiguous()
     site = SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if is_greedy(info) else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
@@ -138,16 +155,20 @@ def decide(setup: VerdictSetup, batch, tree: DraftTree, logits_output, prefix_le
     verdict = accept_path(tree, targets)
     if penalties is not None:                    # the accepted draft tokens; the bonus is the next root
         feed_committed(orchestrator_of(info), verdict.tokens, verdict.accept_len)
-    return verdict
+    return Decided(verdict=verdict, logits=out.full)
 
 
-def committed_logprobs(batch, logits_output, done) -> None:
-    """Output logprobs (and top / token-id logprobs) of the committed tokens from the verify logits at their
-    path's nodes, after the verdict's processing, by SGLang's own compute_spec_logprobs in its chain layout: row
-    b * (L + 1) + j is request b's committed token j (done.hidden_rows names its node)."""
-    full = logits_output.next_token_logits                                        # [bs * N, V]
-    logits_output.next_token_logits = full.index_select(0, done.hidden_rows.reshape(-1))  # [bs * (L+1), V]
-    try:
-        compute_spec_logprobs(batch, logits_output, done.out_tokens.reshape(-1), chain_stride=done.out_tokens.shape[1])
-    finally:
-        logits_output.next_token_logits = full
+LOGPROB_FIELDS = ("next_token_logprobs", "next_token_top_logprobs_val", "next_token_top_logprobs_idx",
+                  "next_token_token_ids_logprobs_val", "next_token_token_ids_logprobs_idx")
+
+
+def committed_logprobs(batch, logits: torch.Tensor, done) -> dict[str, object]:
+    """Output logprobs (and top / token-id logprobs) of the committed tokens from the processed verify logits
+    [bs * N, V] at their path's nodes, by SGLang's own compute_spec_logprobs in its chain layout (row
+    b * (L + 1) + j is request b's committed token j; done.hidden_rows names its node), run on an output of its
+    own: its fields come back by name, for the logits output the step returns."""
+    if logits is None:
+        raise RuntimeError("DDTREE logprobs need the verify logits; the verdict kept only the argmax")
+    scratch = LogitsProcessorOutput(next_token_logits=logits.index_select(0, done.hidden_rows.reshape(-1)))
+    compute_spec_logprobs(batch, scratch, done.out_tokens.reshape(-1), chain_stride=done.out_tokens.shape[1])
+    return {name: getattr(scratch, name) for name in LOGPROB_FIELDS if getattr(scratch, name) is not None}
