@@ -198,6 +198,8 @@ def auto_problems(budgets: tuple[int, ...], topk_cap: Schedule, block_size: int 
 
 # --- the schedule of a server: (budget, cap) by running batch size, or auto ---------------------
 
+NO_SPECULATION = (0, 1)     # the width policy's step without a draft: the root alone is verified (width 1)
+
 @dataclass(frozen=True)
 class WidthSchedule:
     """The budget and the top-k cap by running batch size (one step each for a plain value): the one schedule type
@@ -205,8 +207,9 @@ class WidthSchedule:
     the widest step (widest()); a decode step of b requests uses at(b).
 
     With `auto` (budgets the width policy chooses among) the budget schedule is the widest of them alone, and
-    every step may run any of the trees or the chain (budget `chain`, cap 1: DFLASH's verify, width = the
-    draft's block), at every running batch size."""
+    every step may run any of the trees, the chain (budget `chain`, cap 1: DFLASH's verify, width = the
+    draft's block) or no speculation (budget 0: the root alone, width 1, no draft pass), at every running batch
+    size."""
 
     budget: Schedule
     topk_cap: Schedule
@@ -267,19 +270,20 @@ class WidthSchedule:
         return len(self.budget.steps) > 1 or len(self.topk_cap.steps) > 1
 
     def choices(self) -> tuple[tuple[int, int], ...]:
-        """The (budget, cap) pairs a step of the width policy may run, narrowest first: the chain, then each tree
-        (its cap at most its budget). () without auto."""
+        """The (budget, cap) pairs a step of the width policy may run, narrowest first: no speculation
+        (NO_SPECULATION, budget 0), the chain, then each tree (its cap at most its budget). () without auto."""
         if not self.auto:
             return ()
         cap = self.topk_cap.at(1)
         trees = [(b, min(cap, b)) for b in self.auto]
         chain = [(self.chain, 1)] if self.chain is not None else []
-        return tuple(sorted(set(chain + trees), key=lambda p: (p[0] + 1, p[1])))
+        return (NO_SPECULATION,) + tuple(sorted(set(chain + trees), key=lambda p: (p[0] + 1, p[1])))
 
     def pairs(self, max_bs: int) -> set[tuple[int, int]]:
-        """Every (budget, cap) some step of this server may run (one tree each is built at start-up)."""
+        """Every (budget, cap) some step of this server may run (one tree each is built at start-up; no speculation
+        builds none)."""
         if self.auto:
-            return set(self.choices())
+            return set(self.choices()) - {NO_SPECULATION}
         return {self.at(b) for b in range(1, max_bs + 1)}
 
     @property
@@ -303,5 +307,6 @@ class WidthSchedule:
 
     def __str__(self) -> str:
         if self.auto:
-            return f"budget auto:{','.join(map(str, self.auto))} (and the chain) cap {self.topk_cap}"
+            budgets = ",".join(map(str, self.auto))
+            return f"budget auto:{budgets} (and the chain, and no speculation) cap {self.topk_cap}"
         return f"budget {self.budget} cap {self.topk_cap}"

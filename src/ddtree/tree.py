@@ -182,6 +182,17 @@ def candidate_count(topk_cap: int, budget: int, vocab: int) -> int:
     return min(topk_cap, budget, vocab)
 
 
+def root_only_tree(roots: torch.Tensor, max_depth: int) -> DraftTree:
+    """A tree of the root alone [bs, 1] (a step without speculation): its verify gives the target's next token and
+    accepts nothing. roots int64 [bs]."""
+    bs = roots.shape[0]
+    zeros = torch.zeros((bs, 1), dtype=torch.int64, device=roots.device)
+    return DraftTree(tokens=roots[:, None].to(torch.int64).clone(), parents=zeros - 1, depths=zeros,
+                     scores=torch.zeros((bs, 1), dtype=torch.float32, device=roots.device),
+                     num_nodes=torch.ones(bs, dtype=torch.int64, device=roots.device),
+                     ancestor_mask=torch.ones((bs, 1, 1), dtype=torch.bool, device=roots.device), max_depth=max_depth)
+
+
 def draft_candidates(draft_logits: torch.Tensor, k: int, backend: str | None = None) -> Candidates:
     """[bs, L, V] draft logits -> Candidates with K = k (fused Triton pass on CUDA, else torch)."""
     if resolve_backend(backend, draft_logits.device) == "triton":

@@ -244,7 +244,7 @@ def test_the_width_policy_renders_as_written_and_the_plugin_reads_it(tmp_path, v
     env: dict = {}
     schedule_to_env("auto:8,16", "8", env)
     block_to_env(8, env)
-    assert schedule_from_env(env).choices() == ((7, 1), (8, 8), (16, 8))
+    assert schedule_from_env(env).choices() == ((0, 1), (7, 1), (8, 8), (16, 8))
 
 
 @pytest.fixture(scope="module")

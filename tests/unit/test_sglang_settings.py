@@ -308,8 +308,8 @@ def test_custom_logit_processors_are_refused_under_the_overlap_scheduler_only():
 
 
 def test_auto_travels_through_the_environment_with_the_chain_beside_its_trees():
-    """`--speculative-ddtree-budget auto` (issue 70): sized for its widest tree; every step may run the chain or any
-    tree, at every running batch size."""
+    """`--speculative-ddtree-budget auto` (issue 70): sized for its widest tree; every step may run no speculation
+    (the root alone, width 1), the chain or any tree, at every running batch size; no speculation builds no tree."""
     from ddtree.sglang.setup.server_env import schedule_from_env
 
     env: dict = {}
@@ -317,14 +317,15 @@ def test_auto_travels_through_the_environment_with_the_chain_beside_its_trees():
     block_to_env(8, env)
     schedule = schedule_from_env(env)
     assert schedule.auto == (8, 16, 32) and schedule.chain == 7
-    assert schedule.choices() == ((7, 1), (8, 8), (16, 8), (32, 8))
-    assert schedule.widths == (8, 9, 17, 33)
+    assert schedule.choices() == ((0, 1), (7, 1), (8, 8), (16, 8), (32, 8))
+    assert schedule.widths == (1, 8, 9, 17, 33)
     assert schedule.batches_at_width(9, 4) == [1, 2, 3, 4] and schedule.batches_at_width(10, 4) == []
+    assert schedule.batches_at_width(1, 4) == [1, 2, 3, 4]
     assert schedule.pairs(48) == {(7, 1), (8, 8), (16, 8), (32, 8)}
     assert from_env(env) == DDTreeSettings(32, 8, 8)
-    assert str(schedule) == "budget auto:8,16,32 (and the chain) cap 8"
+    assert str(schedule) == "budget auto:8,16,32 (and the chain, and no speculation) cap 8"
     narrow = schedule_from_env({**env, "SGLANG_DDTREE_BUDGET": "AUTO:4,16", "SGLANG_DDTREE_TOPK_CAP": "8"})
-    assert narrow.choices() == ((4, 4), (7, 1), (16, 8))           # each tree's cap at most its budget
+    assert narrow.choices() == ((0, 1), (4, 4), (7, 1), (16, 8))   # each tree's cap at most its budget
 
 
 @pytest.mark.parametrize("budget, cap, message", [

@@ -14,7 +14,7 @@ import torch
 from ddtree.settings import DDTreeConfigError
 from ddtree.sglang.policy.graph_timing import CostTable
 from ddtree.sglang.policy.step_policy import HostShare, step_policy_for
-from ddtree.tree import build_tree_from_candidates
+from ddtree.tree import build_tree_from_candidates, root_only_tree
 from ddtree.types import Candidates
 from ddtree.width_policy import CostCurve
 
@@ -57,10 +57,13 @@ def policy_of(cost: CostCurve, lag: int = 1, overlapped: bool = False, share=Non
     return policy
 
 
-def run_step(policy, cand: Candidates, bs: int = 2):
-    """One decode step as the worker runs it: choose, build the step's tree, observe; returns the option."""
-    option = policy.choose(bs)
+def run_step(policy, cand: Candidates, bs: int = 2, speculate: bool = False):
+    """One decode step as the worker runs it: choose, build the step's tree, observe (a step without speculation:
+    the root alone, no draft to observe); returns the option."""
+    option = policy.choose(bs, speculate=speculate)
     roots = torch.zeros(cand.logp.shape[0], dtype=torch.long)
+    if option.budget == 0:
+        return option, root_only_tree(roots, DEPTH)
     k = min(option.cap, cand.logp.shape[-1])
     step_cand = Candidates(logp=cand.logp[..., :k].contiguous(), tokens=cand.tokens[..., :k].contiguous())
     tree = build_tree_from_candidates(step_cand, roots, option.budget)
@@ -171,6 +174,68 @@ def test_every_rank_takes_rank_0s_host_share_every_share_every_steps():
     for _ in range(9):
         run_step(policy, draft(0.5))
     assert len(shared) == 2 and policy.host.ms == 4.25
+
+
+# --- no speculation as an option -------------------------------------------------------------------------------
+
+WITH_NONE = ((0, 1),) + CHOICES
+TOKENS = CostCurve.from_function(lambda b, w: 1.0 + 0.02 * b * w, BATCHES, (1,) + WIDTHS)   # cost per verified token
+
+
+def none_policy(cost: CostCurve = TOKENS, lag: int = 1, refresh_every: int = 16):
+    policy = step_policy_for(WITH_NONE, 7, cost, DEPTH, lag, "cpu", False)
+    policy.clock = lambda: 0.0
+    policy.refresh_every = refresh_every
+    return policy
+
+
+def test_no_speculation_is_the_first_option_at_width_1():
+    assert [(o.name, o.budget, o.width) for o in none_policy().options][:2] == [("none", 0, 1), ("chain", 7, 8)]
+
+
+def test_a_batch_whose_verify_cost_grows_with_its_tokens_stops_speculating_and_a_small_one_does_not():
+    """One curve, two loads: at 1 request the chain's ~2 tokens for 1.16 ms beat one token for 1.02 ms; at 48 a
+    verified token costs so much that one token for 1.96 ms beats the chain's ~2 for 8.7 ms."""
+    cand = draft(0.5)
+    small, large = none_policy(), none_policy()
+    assert [run_step(small, cand, bs=1)[0].name for _ in range(4)][1:] == ["chain"] * 3
+    assert [run_step(large, cand, bs=48)[0].name for _ in range(4)][1:] == ["none"] * 3
+    expected, costs = large.latest, TOKENS
+    assert expected[0] == pytest.approx(1.0)                          # no speculation: the bonus alone
+    assert expected[0] / costs.at(48, 1) > max(e / costs.at(48, o.width) for e, o in zip(expected, large.options)
+                                                if o.budget > 0)
+
+
+def test_after_refresh_every_unspeculated_steps_one_step_speculates_to_read_the_draft_again():
+    policy = none_policy(refresh_every=3)
+    names = [run_step(policy, draft(0.5), bs=48)[0].name for _ in range(10)]
+    assert names == ["chain", "none", "none", "none", "chain", "none", "none", "none", "chain", "none"], names
+
+
+def test_a_batch_with_a_grammar_always_speculates():
+    policy = none_policy()
+    names = [run_step(policy, draft(0.5), bs=48, speculate=True)[0].name for _ in range(5)]
+    assert "none" not in names and names[1:] == ["chain"] * 4
+
+
+def test_a_step_without_speculation_teaches_the_calibration_nothing():
+    policy = none_policy()
+    before = policy.policy.calibration.state()
+    policy.learn(root_only_tree(torch.zeros(2, dtype=torch.long), DEPTH), torch.zeros(2, dtype=torch.long))
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.policy.calibration.state()))
+
+
+def test_a_step_without_speculation_costs_the_verify_alone():
+    t = CostTable({(b, w): 0.1 * w + 0.05 * b for b in (1, 8) for w in (1, 8)}, {1: 0.5, 8: 0.7})
+    assert t.step_ms(8, 1) == pytest.approx(t.verify_ms[(8, 1)])                  # no draft pass
+    assert t.step_ms(8, 8) == pytest.approx(t.verify_ms[(8, 8)] + 0.7)
+
+
+def test_a_table_without_width_1_leaves_no_speculation_out_and_says_so(caplog):
+    caplog.set_level("WARNING")
+    policy = step_policy_for(WITH_NONE, 7, STEEP, DEPTH, 1, "cpu", False)
+    assert "none" not in [o.name for o in policy.options]
+    assert "no width 1" in caplog.text
 
 
 def test_a_lag_below_one_is_refused():

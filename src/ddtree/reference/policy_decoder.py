@@ -11,21 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ddtree import DraftTree
 from ddtree.reference.engine import Decoder
 from ddtree.reference.pair import Pair
 from ddtree.reference.step import BatchState, StepIO
+from ddtree.tree import root_only_tree
 from ddtree.width_policy import WidthPolicy
-
-
-def root_only_tree(roots: torch.Tensor, max_depth: int) -> DraftTree:
-    """A tree of the root alone [bs, 1]: its verify gives the target's next token and accepts nothing."""
-    bs = roots.shape[0]
-    zeros = torch.zeros((bs, 1), dtype=torch.int64, device=roots.device)
-    return DraftTree(tokens=roots[:, None].clone(), parents=zeros - 1, depths=zeros,
-                     scores=torch.zeros((bs, 1), dtype=torch.float32, device=roots.device),
-                     num_nodes=torch.ones(bs, dtype=torch.int64, device=roots.device),
-                     ancestor_mask=torch.ones((bs, 1, 1), dtype=torch.bool, device=roots.device), max_depth=max_depth)
 
 
 class PolicyDecoder(Decoder):

@@ -52,7 +52,7 @@ from ddtree.sglang.policy.policy_metrics import PolicyMetrics
 from ddtree.sglang.policy.step_policy import StepPolicy
 from ddtree.sglang.setup.worker_setup import (head_shard, keep_draft_block, prewarm_trees, rehearse_sampling,
                                              step_costs, step_policy, step_view, target_widths, unsupported_reason)
-from ddtree.tree import build_tree_from_candidates, candidate_count
+from ddtree.tree import build_tree_from_candidates, candidate_count, root_only_tree
 from ddtree.types import DraftTree
 
 
@@ -170,16 +170,20 @@ class DDTreeWorker(DFlashWorkerV2):
         prof.begin(plan.bs)
         with prof.stage("window"):
             window = reserve_window(view, batch, draft_input, plan)               # slots [bs, N]
-        with prof.stage("draft"):
-            widest = draft_candidates(view, batch, draft_input, plan, window, parts.head, parts.eager)
-        with prof.stage("tree"):
-            candidates = narrow_candidates(widest, plan, parts.vocab)              # [bs, L, K(cap)]
-            tree = build_tree_from_candidates(candidates, draft_input.bonus_tokens.view(-1), plan.budget)
-        if parts.policy is not None:
-            with prof.stage("policy"):
-                parts.policy.observe(tree, widest, draft_input.bonus_tokens.view(-1), plan.budget, plan.cap)
+        roots = draft_input.bonus_tokens.view(-1)                                # [bs]
+        if plan.speculates:
+            with prof.stage("draft"):
+                widest = draft_candidates(view, batch, draft_input, plan, window, parts.head, parts.eager)
+            with prof.stage("tree"):
+                candidates = narrow_candidates(widest, plan, parts.vocab)          # [bs, L, K(cap)]
+                tree = build_tree_from_candidates(candidates, roots, plan.budget)
+            if parts.policy is not None:
+                with prof.stage("policy"):
+                    parts.policy.observe(tree, widest, roots, plan.budget, plan.cap)
+        else:                                                                     # the policy's no-speculation step
+            tree = root_only_tree(roots, view.block - 1)                          # [bs, 1]
         grammar = None
-        if batch.has_grammar:
+        if batch.has_grammar:                                                     # never without speculation
             with prof.stage("grammar"):
                 grammar = constrain_to_grammars(batch, candidates, tree, plan, grammar_barrier)
                 tree = grammar.tree if grammar is not None else tree

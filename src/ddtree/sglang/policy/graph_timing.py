@@ -46,7 +46,8 @@ class CapturedGraph:
 @dataclass
 class CostTable:
     """Milliseconds of one replay of each captured graph: the target's verify at (batch, width), the draft's at
-    batch. A step of the policy costs the draft's pass plus the verify of its width (step_ms)."""
+    batch. A step of the policy costs the draft's pass plus the verify of its width (step_ms); a step without
+    speculation (width 1) the verify alone."""
 
     verify_ms: dict[tuple[int, int], float]
     draft_ms: dict[int, float] = field(default_factory=dict)
@@ -57,14 +58,15 @@ class CostTable:
         return self.curve().at(batch, width)
 
     def curve(self) -> CostCurve:
-        """The policy's cost curve: draft (the next timed batch up, 0 when no draft graph was timed) + verify."""
+        """The policy's cost curve: draft (the next timed batch up, 0 when no draft graph was timed) + verify; at
+        width 1 (no speculation: the root alone, no draft pass) the verify alone."""
         draft = sorted(self.draft_ms)
 
         def draft_at(batch: int) -> float:
             up = [b for b in draft if b >= batch]
             return self.draft_ms[up[0]] if up else (self.draft_ms[draft[-1]] * batch / draft[-1] if draft else 0.0)
 
-        return CostCurve({(b, w): ms + draft_at(b) for (b, w), ms in self.verify_ms.items()})
+        return CostCurve({(b, w): ms + (draft_at(b) if w > 1 else 0.0) for (b, w), ms in self.verify_ms.items()})
 
     def widths(self) -> list[int]:
         return sorted({w for _, w in self.verify_ms})

@@ -1,8 +1,12 @@
 """The width policy inside a DDTREE decode step (issue 70, item 2; no SGLang import).
 
-`--speculative-ddtree-budget auto[:B1,B2,..]`: each step runs the chain (DFLASH's verify: the draft's top-1 path,
-width = the draft's block) or one of the trees, whichever has the most expected accepted tokens (+1, the bonus)
-per millisecond of the step, for the running batch. Per step:
+`--speculative-ddtree-budget auto[:B1,B2,..]`: each step runs no speculation (the root alone, width 1, no draft
+pass: the bonus token is the whole step), the chain (DFLASH's verify: the draft's top-1 path, width = the draft's
+block) or one of the trees, whichever has the most expected accepted tokens (+1, the bonus) per millisecond of the
+step, for the running batch. A step without speculation has no draft to observe, so the expectations stay those last
+read; after `refresh_every` such steps in a row one speculative step (the best of them by those expectations) runs
+to read the draft again. A batch with a grammar always speculates (its root's mask comes from the constrained
+tree's build). Per step:
 
   choose(bs)            host: the option of this step, from the expectations of the decode step `lag` steps back.
                         Those are on the device until the host reads them from pinned memory after that step's CUDA
@@ -33,6 +37,7 @@ Losslessness does not depend on any of this: every step verifies its tree exactl
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,6 +48,8 @@ from ddtree.settings import DDTreeConfigError
 from ddtree.tree import build_tree_from_candidates
 from ddtree.types import Candidates, DraftTree
 from ddtree.width_policy import Calibration, CostCurve, Option, WidthPolicy
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -136,7 +143,7 @@ class PolicyGraphs:
         for bs in self.sizes:
             self.observe[bs] = self._observe_graph(bs, tree_width, depth, n)
             if policy.calibration is not None:
-                for width in sorted({o.width for o in policy.options}):
+                for width in sorted({o.width for o in policy.options if o.budget > 0}):   # none learns nothing
                     self.learn[(bs, width)] = self._learn_graph(bs, width)
         if saved is not None:
             policy.calibration.restore(saved)      # the warm-up runs updated it
@@ -231,9 +238,13 @@ class StepPolicy:
 
     def __init__(self, policy: WidthPolicy, lag: int, device, overlapped: bool,
                  clock: Callable[[], float] = time.perf_counter, share: Callable[[float], float] | None = None,
-                 share_every: int = 64):
+                 share_every: int = 64, refresh_every: int = 16):
         if lag < 1:
             raise ValueError(f"lag={lag}: the host reads a step's expectations at the earliest one step later")
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every={refresh_every}: at least one step without speculation before a refresh")
+        self.refresh_every = refresh_every
+        self.unspeculated = 0                                  # steps without speculation in a row
         self.policy = policy
         self.lag = lag
         self.device = device
@@ -267,8 +278,9 @@ class StepPolicy:
         """A prefill or idle step ran: the next decode step's period would include it."""
         self._last = None
 
-    def choose(self, bs: int) -> Option:
-        """This step's option for a running batch of `bs` (host work only)."""
+    def choose(self, bs: int, speculate: bool = False) -> Option:
+        """This step's option for a running batch of `bs` (host work only). speculate: no step without speculation
+        (a batch with a grammar)."""
         now = self.clock()
         self._read_back()
         if self._last is not None:
@@ -283,7 +295,10 @@ class StepPolicy:
             index = self.chain
         else:
             score = [e / self.host.step_ms(c) for e, c in zip(self.latest, costs)]
-            index = max(range(len(score)), key=score.__getitem__)
+            allowed = [i for i, o in enumerate(self.options)
+                       if o.budget > 0 or not (speculate or self.unspeculated >= self.refresh_every)]
+            index = max(allowed, key=score.__getitem__)
+        self.unspeculated = self.unspeculated + 1 if self.options[index].budget == 0 else 0
         self._last = (now, costs[index])
         option = self.options[index]
         self.choices.add(option)
@@ -329,8 +344,9 @@ class StepPolicy:
         return build_tree_from_candidates(cand, roots, self.tree_budget)
 
     def learn(self, tree: DraftTree, accept_len: torch.Tensor) -> None:
-        """The calibration's sums from the verified tree [bs, N] and the draft tokens each request accepted [bs]."""
-        if self.policy.calibration is None:
+        """The calibration's sums from the verified tree [bs, N] and the draft tokens each request accepted [bs] (a
+        step without speculation verified no draft token: nothing to learn)."""
+        if self.policy.calibration is None or tree.width == 1:
             return
         if self.graphs is None or not self.graphs.run_learn(tree, accept_len):
             self.policy.calibration.update(tree, accept_len)
@@ -341,19 +357,30 @@ class StepPolicy:
         return self.graphs
 
 
+def option_of(budget: int, cap: int, chain_budget: int | None) -> Option:
+    """The policy's option for one (budget, cap) choice: budget 0 is no speculation, (chain_budget, 1) the chain."""
+    if budget == 0:
+        return Option("none", 0, 1, 1)
+    if budget == chain_budget and cap == 1:
+        return Option("chain", budget, 1, budget + 1)
+    return Option(f"b{budget}", budget, cap, budget + 1)
+
+
 def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | None, curve: CostCurve, depth: int,
                     lag: int, device, overlapped: bool, share=None) -> StepPolicy:
-    """The StepPolicy of a width schedule's choices ((budget, cap) pairs; the chain's is (chain_budget, 1))."""
-    options = []
-    for budget, cap in choices:
-        if budget == chain_budget and cap == 1:
-            options.append(Option("chain", budget, 1, budget + 1))
-        else:
-            options.append(Option(f"b{budget}", budget, cap, budget + 1))
+    """The StepPolicy of a width schedule's choices ((budget, cap) pairs; the chain's is (chain_budget, 1), no
+    speculation's (0, 1)). A measured table without width 1 (a sweep's from before no speculation was an option)
+    leaves no speculation out, and says so."""
+    widths = {w for _, w in curve.table}
+    if any(budget == 0 for budget, _ in choices) and 1 not in widths:
+        logger.warning("DDTREE width policy: the step costs hold no width 1, so no step runs without speculation "
+                       "(time the graphs at start-up, or give a table with width 1)")
+        choices = tuple(c for c in choices if c[0] != 0)
+    options = [option_of(budget, cap, chain_budget) for budget, cap in choices]
     try:
         policy = WidthPolicy(tuple(options), curve, Calibration(depth).to(device))
     except ValueError as e:
         raise DDTreeConfigError(f"the step costs cannot price every width of the width policy: {e}; a table in "
                                 "SGLANG_DDTREE_COST_TABLE must hold each width (budget + 1 for each tree, the draft's "
-                                "block for the chain) at one batch size at least") from None
+                                "block for the chain, 1 for no speculation) at one batch size at least") from None
     return StepPolicy(policy, lag, device, overlapped, share=share)

@@ -99,7 +99,7 @@ def prewarm_trees(schedule: WidthSchedule, vocab: int, depth: int, device) -> No
     """One tree for every (budget, cap) the schedule gives a running batch: the tree kernel's Triton build (2.5 s
     on the H200) and its pair tables' copy to the device happen here, not in the first served step (seen on the
     H200, 2026-12-02: the sync check flagged that copy in the first step)."""
-    for budget, cap in sorted(schedule.pairs(max_running())):
+    for budget, cap in sorted(schedule.pairs(max_running())):      # every tree a step may build (none builds none)
         k = candidate_count(cap, budget, vocab)
         cand = Candidates(logp=torch.zeros((1, depth, k), dtype=torch.float32, device=device),   # [1, L, K]
                           tokens=torch.zeros((1, depth, k), dtype=torch.int64, device=device))

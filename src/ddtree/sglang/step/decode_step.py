@@ -3,7 +3,9 @@
 
   plan_step              the running batch's size and this step's tree (budget, cap) from the width schedule, or
                          with `auto` the width policy's choice (step_policy.py; after the tree, its `observe`
-                         queues this step's expectations, after the verdict its `learn` the draft's calibration)
+                         queues this step's expectations, after the verdict its `learn` the draft's calibration);
+                         the policy's budget 0 is a step without speculation: no draft pass, the tree is the root
+                         alone (ddtree.tree.root_only_tree), verified at width 1
   reserve_window         the request's N reserved KV slots this step writes, and SGLang's plan of them
   draft_candidates       the DFlash draft over its own block (bonus token + mask tokens, positions
                          prefix .. prefix + block - 1) in the draft's CUDA graph when one fits; the
@@ -76,6 +78,11 @@ class StepPlan:
         """N: the tree's rows per request (root included)."""
         return self.budget + 1
 
+    @property
+    def speculates(self) -> bool:
+        """False for the width policy's step without speculation (budget 0: the root alone, no draft pass)."""
+        return self.budget > 0
+
 
 @dataclass
 class StepWindow:
@@ -110,7 +117,7 @@ def plan_step(batch, schedule: WidthSchedule, policy=None) -> StepPlan:
     prefix_lens = batch.seq_lens                                                   # int64 [bs]
     bs = int(prefix_lens.shape[0])                                                 # a shape: no device wait
     if policy is not None:
-        option = policy.choose(bs)
+        option = policy.choose(bs, speculate=batch.has_grammar)
         budget, cap = option.budget, option.cap
     else:
         budget, cap = schedule.at(bs)
