@@ -33,6 +33,10 @@ RADIX_ENV = (("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python"), ("SGLANG_ENAB
 MAX_NEW_TOKENS = 128
 # DDTREE's step dump (ddtree.sglang.diagnostics.step_dump): "auto" = the server's own folder beside its log, dumps/<name>
 DUMP_ENV, DUMP_AUTO = "SGLANG_DDTREE_DUMP", "auto"
+# a made-up step cost table under which the width policy speculates at one running request (every width 1 ms) and not
+# at two or more (a verify of width w > 1 costs 1 + 2 x batch x w ms, of width 1 1 + 0.1 x batch; the draft 0.1 ms):
+# its steps without speculation then run, beside a speculative one every 16 (issue 70)
+STEEP_COSTS = Path(__file__).resolve().parent / "costs-steep.json"
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,7 @@ SUFFIXES = {
     "-tok": lambda c: replace(c, tokenizer=True),
     "-fault": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "sibling"),)),
     "-stalepen": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "stale-penalties"),)),
+    "-steepcost": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_COST_TABLE", str(STEEP_COSTS)),)),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
 
@@ -164,7 +169,8 @@ def config(name: str) -> ServerConfig:
     -bs48 (48 running requests, decode graphs up to 48, a KV pool of 65,536 tokens), -grammar (the server tokenizes, JSON white space bounded, Kimi K2's tool-call parser),
     -tp2 (tensor parallel on 2 GPUs), -dump (DDTREE writes every step's tree, verify logits and prefix KV to
     Server.dump_dir), -fault (a deliberate tree-mask fault: nodes see their earlier siblings), -stalepen (a deliberate
-    penalty fault: every node penalised with the step start's counts), -tok (the server loads
+    penalty fault: every node penalised with the step start's counts), -steepcost (the width policy priced by
+    STEEP_COSTS, so that its steps without speculation run at 2+ requests), -tok (the server loads
     the pair's tokenizer: SGLang refuses min_new_tokens, stop strings and grammars without one), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):

@@ -1,10 +1,13 @@
 """The width policy inside SGLang 0.5.23 (issue 70, items 1-3; marker sglang_gpu).
 
-Servers: ddtree-auto-c8-graphs (`--speculative-ddtree-budget auto`: the chain and the trees 8, 16, 32, cap 8) and its
--overlap twin, beside NONE. What is checked, each able to fail:
-- start-up: every captured verify graph (widths 8, 9, 17, 33) and the draft's timed before the server is ready, the
-  table in the log and on /metrics, the seconds it took recorded; no eager verify afterwards;
-- the policy runs: after traffic /metrics counts the decode steps of each option (recorded: which widths ran);
+Servers: ddtree-auto-c8-graphs (`--speculative-ddtree-budget auto`: no speculation, the chain and the trees 8, 16, 32,
+cap 8) and its -overlap twin, beside NONE; ddtree-auto-c8-graphs-steepcost, the same priced by a made-up table under
+which a verified token is dear (testbed/costs-steep.json), so that its steps without speculation run at 2+ requests.
+What is checked, each able to fail:
+- start-up: every captured verify graph (widths 1, 8, 9, 17, 33) and the draft's timed before the server is ready,
+  the table in the log and on /metrics, the seconds it took recorded; no eager verify afterwards;
+- the policy runs: after traffic /metrics counts the decode steps of each option (recorded: which widths ran); on the
+  -steepcost server both steps without speculation and speculative ones ran;
 - temperature 0: NONE's tokens (partings only at bf16 near ties, judged by the referee) one by one, 8 at once and
   with requests arriving at staggered times, so the width changes mid-answer;
 - temperature 0.7: the 4th token's distribution matches NONE's, with its control (temperature 1.0) rejected.
@@ -27,7 +30,8 @@ from testbed import servers as harness
 pytestmark = pytest.mark.sglang_gpu
 
 AUTO = ["ddtree-auto-c8-graphs", "ddtree-auto-c8-graphs-overlap"]
-WIDTHS = [8, 9, 17, 33]                  # the chain (a block-8 draft) and auto's trees 8, 16, 32
+STEEP = "ddtree-auto-c8-graphs-steepcost"
+WIDTHS = [1, 8, 9, 17, 33]               # no speculation, the chain (a block-8 draft) and auto's trees 8, 16, 32
 COST_LINE = re.compile(r"DDTREE step cost, ms of one replay \((start-up[^,]*), timed in ([\d.]+) s\)")
 ROW = re.compile(r"^(?:\[[^\]]*\])?\s*width (\d+)\s+(bs\d+=.*)$", re.MULTILINE)   # after the log's [time] prefix
 STEPS = re.compile(r'^sglang:ddtree_policy_steps_total\{option="([a-z0-9]+)"\} ([\d.e+]+)$', re.MULTILINE)
@@ -50,12 +54,12 @@ def test_every_verify_graph_is_timed_before_the_server_is_ready(fleet, name, rec
     record_property("ms at bs 1 by width", {w: rows[w].get(1) for w in sorted(rows)})
     assert sorted(rows) == WIDTHS
     assert all(ms > 0 for row in rows.values() for ms in row.values())
-    assert "DDTREE width policy: chain, b8, b16, b32" in log
+    assert "DDTREE width policy: none, chain, b8, b16, b32" in log
     metrics = server.metrics()
     assert 'sglang:ddtree_step_cost_ms{batch="1",width="33"}' in metrics
 
 
-@pytest.mark.parametrize("name", AUTO)
+@pytest.mark.parametrize("name", AUTO + [STEEP])
 def test_greedy_equals_none_with_the_policy_on(fleet, name, prompts, none_greedy, exact, record_property):
     plain, server = ready(fleet, "none"), ready(fleet, name)
     wrong, identical, ties = [], 0, []
@@ -82,6 +86,8 @@ def test_greedy_equals_none_with_the_policy_on(fleet, name, prompts, none_greedy
     record_property("steps by option", steps)
     assert not wrong, wrong
     assert len([n for n in steps.values() if n > 0]) >= 1 and sum(steps.values()) > 0, steps
+    if name == STEEP:       # the steps without speculation ran, and speculative ones beside them
+        assert steps.get("none", 0) > 0 and sum(n for o, n in steps.items() if o != "none") > 0, steps
 
 
 def test_sampling_matches_none_with_the_policy_on(fleet, prompts, record_property):

@@ -238,6 +238,21 @@ def test_a_table_without_width_1_leaves_no_speculation_out_and_says_so(caplog):
     assert "no width 1" in caplog.text
 
 
+def test_the_test_beds_steep_table_speculates_at_one_request_and_not_at_two():
+    """The GPU test's -steepcost server (testbed/costs-steep.json) must run both kinds of step: a tree at one
+    request, no speculation at 2-8 requests, whatever host share the test bed adds (0 and 5 ms here)."""
+    from testbed.servers import STEEP_COSTS
+
+    for host_ms in (0.0, 5.0):
+        policy = step_policy_for(WITH_NONE, 7, CostTable.read(STEEP_COSTS).curve(), DEPTH, 1, "cpu", False)
+        policy.clock = lambda: 0.0
+        policy.host.ms, policy.host.samples = host_ms, 1
+        cand = draft(0.6)
+        assert run_step(policy, cand, bs=1)[0].name == "chain"             # nothing read back yet
+        assert run_step(policy, cand, bs=1)[0].budget > 0
+        assert {run_step(policy, cand, bs=b)[0].name for b in range(2, 9)} == {"none"}
+
+
 def test_a_lag_below_one_is_refused():
     with pytest.raises(ValueError, match="lag=0"):
         policy_of(FLAT, lag=0)
