@@ -299,6 +299,8 @@ if triton is not None:
         tl.store(req_to_token_ptr + row * r2t_stride + p + rank, slot, mask=in_n)
         draft = tl.load(draft_ids_ptr + b * width + i, mask=in_n, other=0)
         tl.store(draft_slots_ptr + b * steps + rank, draft, mask=in_n & (rank < steps))
+        root_draft = tl.load(draft_ids_ptr + b * width)        # past a window narrower than the path: the root's
+        tl.store(draft_slots_ptr + b * steps + j, root_draft + 0 * j, mask=in_s & (j >= width))
         tl.store(hidden_rows_ptr + b * steps + j, b * width + tl.maximum(acc, 0), mask=in_s)
         tl.store(positions_ptr + b * steps + j, p + j, mask=in_s)
         tok = tl.load(tokens_ptr + b * steps + j, mask=in_s, other=0)

@@ -101,8 +101,9 @@ def test_triton_shard_candidates_equal_torch_shard_candidates(vocab, world, k):
 
 # --- the SGLang glue kernels: verify mask + positions, and the commit, against their torch paths ---
 
-GLUE_SHAPES = [  # (bs, L, V, budget, cap, prefix lengths)
+GLUE_SHAPES = [  # (bs, L, V, budget, cap, prefix lengths); the last: a window (N = 4) narrower than the path (L + 1 = 8)
     (1, 3, 30, 6, 3, [5]), (3, 4, 40, 12, 4, [0, 9, 1]), (2, 7, 20, 31, 8, [1500, 3]), (2, 2, 9, 2, 1, [2, 2]),
+    (2, 7, 20, 3, 2, [4, 11]),
 ]
 
 
@@ -165,6 +166,42 @@ def test_triton_commit_equals_torch(bs, max_depth, vocab, budget, cap, prefix):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype, name
         assert torch.equal(x.cpu(), y), name
+
+
+@pytest.mark.parametrize("prefix", [[5], [0, 9, 1], [1500, 3]])
+def test_a_root_only_tree_goes_through_the_glue_kernels_as_through_torch(prefix):
+    """The width policy's step without speculation (issue 70): the tree is the root alone (N = 1); the mask, the
+    positions and the commit of both paths agree, and the commit keeps one token per request."""
+    from ddtree.sglang.step.glue import commit_step, verify_mask
+    from ddtree.tree import root_only_tree
+    from ddtree.verify import walk_tree
+
+    bs = len(prefix)
+    g = torch.Generator().manual_seed(bs)
+    tree = root_only_tree(torch.randint(0, 50, (bs,), generator=g), max_depth=7)
+    verdict = walk_tree(tree, torch.randint(0, 50, (bs, 1), generator=g))
+    prefix_lens = torch.tensor(prefix, dtype=torch.int64)
+    total = sum(p + 1 for p in prefix)
+    a = verify_mask(_to(tree), prefix_lens.to(DEVICE), total, max(prefix), backend="triton")
+    b = verify_mask(tree, prefix_lens, total, max(prefix), backend="torch")
+    assert torch.equal(a.custom_mask.cpu(), b.custom_mask) and bool(b.custom_mask.all())
+    assert torch.equal(a.positions.cpu(), b.positions) and torch.equal(b.positions[:, 0], prefix_lens)
+    pool = torch.tensor([5, 2, 7][:bs])
+    window = torch.randperm(1000, generator=g)[:bs].view(bs, 1)
+    tables = [torch.full((8, max(prefix) + 5), -7, dtype=torch.int32) for _ in range(2)]
+    for t in tables:
+        for r in range(bs):
+            t[pool[r], prefix[r]] = int(window[r, 0])
+    on_device = tables[0].to(DEVICE)
+    x = commit_step(_to(verdict), window.to(DEVICE), (window + 5000).to(DEVICE), prefix_lens.to(DEVICE), on_device,
+                    pool.to(DEVICE), backend="triton")
+    y = commit_step(verdict, window, window + 5000, prefix_lens, tables[1], pool, backend="torch")
+    assert torch.equal(on_device.cpu(), tables[1])
+    for name in ("out_tokens", "commit_lens", "new_seq_lens", "draft_slots", "hidden_rows", "positions"):
+        assert torch.equal(getattr(x, name).cpu(), getattr(y, name)), name
+    assert y.commit_lens.tolist() == [1] * bs and torch.equal(y.new_seq_lens, prefix_lens + 1)
+    assert y.draft_slots.shape == (bs, 8) and bool((y.draft_slots == window + 5000).all())   # padded with the root's
+    assert torch.equal(y.hidden_rows, torch.arange(bs)[:, None].expand(bs, 8))               # the root's row
 
 
 def _to(obj):

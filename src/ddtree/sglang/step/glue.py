@@ -100,7 +100,8 @@ class Commit:
     out_tokens: torch.Tensor    # int64 [bs, L+1]  accepted draft tokens, then the bonus; 0 after (SGLang's out_tokens)
     commit_lens: torch.Tensor   # int32 [bs]       tokens committed this step (accepted + 1)
     new_seq_lens: torch.Tensor  # int64 [bs]       prefix + commit_lens
-    draft_slots: torch.Tensor   # [bs, L+1] (draft_ids' dtype) the draft's KV slots of the path in path order, then the rest
+    draft_slots: torch.Tensor   # [bs, L+1] (draft_ids' dtype) the draft's KV slots of the path in path order, then the
+    #                             rest of the window, then (a window narrower than L + 1: N < L + 1) the root's
     hidden_rows: torch.Tensor   # int64 [bs, L+1]  verify-pass rows b*N + node of the path (root row as padding)
     positions: torch.Tensor     # int64 [bs, L+1]  prefix + j
 
@@ -125,11 +126,19 @@ def commit_step(verdict: Verdict, window: torch.Tensor, draft_ids: torch.Tensor,
         return out
     plan = commit_plan(verdict, window, prefix_lens)
     rewrite_req_to_token(req_to_token, req_pool_indices, prefix_lens, plan.window)
-    steps = plan.out_tokens.shape[1]
     return Commit(out_tokens=plan.out_tokens, commit_lens=plan.commit_lens,
                   new_seq_lens=prefix_lens + plan.commit_lens.to(prefix_lens.dtype),
-                  draft_slots=draft_ids.gather(1, plan.order)[:, :steps],
+                  draft_slots=path_slots(draft_ids.gather(1, plan.order), plan.out_tokens.shape[1]),
                   hidden_rows=plan.hidden_rows, positions=plan.positions)
+
+
+def path_slots(slots: torch.Tensor, steps: int) -> torch.Tensor:
+    """The permuted window's slots [bs, N] as the path's [bs, L+1]: cut past L + 1, or (a window narrower than the
+    path, e.g. the root alone) padded with the root's slot, as hidden_rows pads with the root's row."""
+    bs, n = slots.shape
+    if n >= steps:
+        return slots[:, :steps]
+    return torch.cat([slots, slots[:, :1].expand(bs, steps - n)], dim=1)
 
 
 def window_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
