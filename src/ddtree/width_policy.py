@@ -48,12 +48,20 @@ class Option:
     def is_tree(self) -> bool:
         return self.name.startswith("b")
 
+    @property
+    def speculates(self) -> bool:
+        """False for no speculation (budget 0: the root alone, no draft pass)."""
+        return self.budget > 0
+
+
+NO_SPECULATION = Option("none", 0, 1, 1)      # the bonus token alone: width 1
+
 
 def options_for(budgets: Iterable[int], depth: int, cap: int, none: bool = True, chain: bool = True) -> tuple[Option, ...]:
     """none (width 1), the chain (width L + 1) and a tree per budget, narrowest first."""
     _checks.check_positive_int("depth", depth)
     _checks.check_positive_int("cap", cap)
-    out = [Option("none", 0, 1, 1)] if none else []
+    out = [NO_SPECULATION] if none else []
     if chain:
         out.append(Option("chain", depth, 1, depth + 1))
     for b in sorted(set(budgets)):

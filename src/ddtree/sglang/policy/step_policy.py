@@ -47,7 +47,7 @@ import torch
 from ddtree.settings import DDTreeConfigError
 from ddtree.tree import build_tree_from_candidates
 from ddtree.types import Candidates, DraftTree
-from ddtree.width_policy import Calibration, CostCurve, Option, WidthPolicy
+from ddtree.width_policy import NO_SPECULATION, Calibration, CostCurve, Option, WidthPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class PolicyGraphs:
         for bs in self.sizes:
             self.observe[bs] = self._observe_graph(bs, tree_width, depth, n)
             if policy.calibration is not None:
-                for width in sorted({o.width for o in policy.options if o.budget > 0}):   # none learns nothing
+                for width in sorted({o.width for o in policy.options if o.speculates}):   # none learns nothing
                     self.learn[(bs, width)] = self._learn_graph(bs, width)
         if saved is not None:
             policy.calibration.restore(saved)      # the warm-up runs updated it
@@ -296,9 +296,9 @@ class StepPolicy:
         else:
             score = [e / self.host.step_ms(c) for e, c in zip(self.latest, costs)]
             allowed = [i for i, o in enumerate(self.options)
-                       if o.budget > 0 or not (speculate or self.unspeculated >= self.refresh_every)]
+                       if o.speculates or not (speculate or self.unspeculated >= self.refresh_every)]
             index = max(allowed, key=score.__getitem__)
-        self.unspeculated = self.unspeculated + 1 if self.options[index].budget == 0 else 0
+        self.unspeculated = 0 if self.options[index].speculates else self.unspeculated + 1
         self._last = (now, costs[index])
         option = self.options[index]
         self.choices.add(option)
@@ -360,7 +360,7 @@ class StepPolicy:
 def option_of(budget: int, cap: int, chain_budget: int | None) -> Option:
     """The policy's option for one (budget, cap) choice: budget 0 is no speculation, (chain_budget, 1) the chain."""
     if budget == 0:
-        return Option("none", 0, 1, 1)
+        return NO_SPECULATION
     if budget == chain_budget and cap == 1:
         return Option("chain", budget, 1, budget + 1)
     return Option(f"b{budget}", budget, cap, budget + 1)
