@@ -146,12 +146,12 @@ test-sandbox-lane: venv sandbox
 		--durations=15 $(PYTEST_ARGS)
 
 # The sandbox tests `make test` leaves out for its time budget (marked `extended`, ~40 min on 2 cores):
-# the key rotation behind the gateway, a host lost mid-roll, the second host failing its smoke, a rollback
+# the key rotation behind the gateway, a host lost mid-roll, the first or the second host failing its smoke, a rollback
 # taking its host out of the pool, the release story (failed build, failed smoke, pruning), an interrupted
 # sweep repaired and a deploy after one, alerts reaching the receiver, the NCCL P2P switch, the driver
 # install, a deploy into moved folders rolled back, a server frozen with SIGSTOP paging, a silent load stopped by
 # the stall timeout, validate failing on a broken accepted path, TLS on the gateway. Their claims have a sibling in make test (key rotation
-# on one host, the first host failing, a sweep taking its host out of the pool, a config that cannot start
+# on one host, a first host failing its checks, a sweep taking its host out of the pool, a config that cannot start
 # rolled back, the crash sample, ...);
 # run this before a release and after changing roles or playbooks.
 test-sandbox-extended: venv sandbox

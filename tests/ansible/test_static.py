@@ -519,3 +519,15 @@ def test_every_documented_site_command_asks_for_the_vault():
     # a playbook named in prose with its options is written as the whole command
     partial = [(path.name, m) for path in docs for m in re.findall(r"`(playbooks/\w+\.yml -e [^`]*)`", path.read_text())]
     assert not partial, partial
+
+
+@pytest.mark.parametrize("playbook, play_name", [("playbooks/deploy.yml", "Deploy k26-ddtree"),
+                                                 ("playbooks/rollback.yml", "Roll k26-ddtree back to a snapshot")])
+def test_a_roll_changes_one_host_at_a_time_and_stops_at_the_first_that_fails(playbook, play_name):
+    """What tests/infra/test_fleet.py's extended test shows on two live hosts (a first host that fails leaves the
+    second untouched), held here by the plays' own keys: one host a batch unless k26_serial says otherwise, and no
+    failed host allowed in a batch."""
+    [play] = [p for p in yaml.safe_load((ROOT / playbook).read_text()) if p.get("name") == play_name]
+    serial = jinja2.Environment().from_string(str(play["serial"])).render()           # k26_serial unset
+    assert serial == "1", f"{playbook}: serial {play['serial']!r} renders {serial!r} without k26_serial"
+    assert play.get("max_fail_percentage") == 0, f"{playbook}: a failed host must stop the roll"

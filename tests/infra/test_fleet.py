@@ -289,6 +289,7 @@ def test_a_run_whose_fleet_lock_ended_under_it_stops_before_its_restart(fleet, t
     assert guest("flock -n /run/k26-deploy/lock true", host="k26-sandbox-2", check=False).returncode == 0
 
 
+@pytest.mark.extended     # make test's time: the plays' serial and max_fail_percentage are held by tests/ansible/test_static.py
 def test_a_first_host_that_fails_stops_the_roll_before_the_second(fleet, tmp_path):
     before = {name: budget(name) for name in SERVERS}
     pid_2 = guest("systemctl show -p MainPID --value k26-ddtree", host="k26-sandbox-2").stdout.strip()
