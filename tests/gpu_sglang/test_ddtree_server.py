@@ -207,7 +207,7 @@ def test_chain_setting_equals_dflash(fleet, prompts, none_greedy, reference, exa
     sums the same attention in another order, so the parting must be one bf16 may flip: both answers pass
     the partings rule against plain decoding (referee.py; with the float32 referee on a mixture-of-experts
     target, whose routing flips too), and on a target without routing choices at most one prompt in eight
-    parts at all."""
+    parts at all, or as many as DFLASH parts from NONE on where that is more (chain_parting_allowance)."""
     chain = ready(fleet, harness.CHAIN.name).complete_all(prompts, harness.greedy(), 1)
     dflash = ready(fleet, "dflash").complete_all(prompts, harness.greedy(), 1)
     same_tokens = sum(a == b for a, b in zip(outputs(chain), outputs(dflash)))
@@ -222,14 +222,25 @@ def test_chain_setting_equals_dflash(fleet, prompts, none_greedy, reference, exa
     plain = fleet.get("none")
     record_property("partings (prompt, position, chain's token, DFLASH's, each below NONE's best)",
                     chain_dflash_partings(plain, prompts, outputs(chain), outputs(dflash)))
-    wrong = {}
+    wrong, identical = {}, {}
     for name, answers in (("chain", chain), ("DFLASH", dflash)):
-        _, ties, wrong[name] = compare_with_plain(plain, prompts, none_greedy, outputs(answers), exact)
+        identical[name], ties, wrong[name] = compare_with_plain(plain, prompts, none_greedy, outputs(answers), exact)
         record_property(f"{name} partings from NONE re-anchored", ties)
     record_property("real differences", wrong)
     assert not wrong["chain"] and not wrong["DFLASH"]
     if not is_moe(reference):
-        assert len(prompts) - same_tokens <= len(prompts) // 8, "the chain parts from DFLASH on too many prompts"
+        allowed = chain_parting_allowance(len(prompts), len(prompts) - identical["DFLASH"])
+        record_property("prompts parting chain / DFLASH, allowed", f"{len(prompts) - same_tokens}, {allowed}")
+        assert len(prompts) - same_tokens <= allowed, "the chain parts from DFLASH on too many prompts"
+
+
+def chain_parting_allowance(prompts: int, dflash_from_none: int) -> int:
+    """How many prompts the chain may part from DFLASH on, both at near ties: one in eight, or as many as DFLASH
+    itself parts from NONE on where that is more - two decoders of the same function whose sums run in another order,
+    measured beside it in the same numerics. On the bf16 pairs DFLASH parts from NONE rarely and the rule is one in
+    eight; on the pair enlarged to a rank's widths with INT4 experts it parted on 5 of 16 (H100 2026-12-07 09:33), and
+    the chain from DFLASH on 3, all at near ties, where one in eight allowed 2 (issue 69 item 3)."""
+    return max(prompts // 8, dflash_from_none)
 
 
 # --- temperature > 0 ------------------------------------------------------------------------
