@@ -13,8 +13,9 @@ from tests.gpu_sglang import test_grammars, test_node_logits, test_requests
 
 from testbed import servers as harness
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = [ROOT / "testbed/decide.sh", ROOT / "testbed/kimi.sh",
-           ROOT / "testbed/widths_overlap.sh", ROOT / "bench/sglang_compare.sh"]
+SCRIPTS = [ROOT / "testbed/decide.sh", ROOT / "testbed/kimi.sh", ROOT / "testbed/widths_overlap.sh",
+           ROOT / "testbed/width_policy_gpu.sh", ROOT / "testbed/enlarged_pair.sh", ROOT / "bench/enlarged_speed.sh",
+           ROOT / "bench/sglang_compare.sh"]
 NAME = re.compile(r"(?<![\w/.-])((?:none|dflash|ddtree)-[a-z0-9-]+|none|dflash)(?![\w/.-])")
 
 
@@ -25,7 +26,7 @@ def script_names() -> set[str]:
         for line in script.read_text().splitlines():
             if line.lstrip().startswith("#"):
                 continue
-            for value in re.findall(r"(?:START|MATRIX|VARIANTS|names)[^=]*=\"?\$?\{?[A-Z_]*:?-?([a-z0-9,-]+)", line):
+            for value in re.findall(r"(?:START|MATRIX|VARIANTS|names|SERVERS|CONFIGS)[^=]*=\"?\$?\{?[A-Z_]*:?-?([a-z0-9,-]+)", line):
                 names |= {n for n in value.split(",") if NAME.fullmatch(n)}
     return names
 
@@ -39,7 +40,8 @@ def module_names() -> set[str]:
 
 def test_the_scripts_name_servers_at_all():
     found = script_names()
-    assert {"ddtree-sched-graphs", "ddtree-b32-c8-graphs-overlap"} <= found, sorted(found)
+    assert {"ddtree-sched-graphs", "ddtree-b32-c8-graphs-overlap", "ddtree-auto-c8-graphs-steepcost",
+            "ddtree-b7-c1-graphs"} <= found, sorted(found)
 
 
 @pytest.mark.parametrize("name", sorted(module_names() | script_names()))
