@@ -49,6 +49,19 @@ def overlap(row: dict) -> str:
     return str(row.get("overlap_schedule", "auto")).lower()
 
 
+POLICY_TOLERANCE = 0.03     # the width policy "keeps up" within 3% of the fastest setting (issue 70 item 4's margin)
+
+
+def is_policy(row: dict) -> bool:
+    """A row of the width policy (budget auto or auto:W,...), not of one width."""
+    return str(row.get("budget", "")).startswith("auto")
+
+
+def fixed_trees(rows: list[dict]) -> list[dict]:
+    """The DDTREE rows at temperature 0 that passed, of one width each (the width policy's left out)."""
+    return [r for r in greedy_ok(rows, "DDTREE") if not is_policy(r)]
+
+
 def greedy_ok(rows: list[dict], algorithm: str) -> list[dict]:
     return [r for r in rows if r.get("status") == "ok" and float(r["temperature"]) == 0.0
             and r.get("algorithm", "DDTREE") == algorithm]
@@ -127,7 +140,7 @@ def schedule_picks(rows: list[dict], graphs, overlap_setting: str = "auto") -> l
     the overlap setting `overlap_setting` (one deploy renders one), and the fastest reference (NONE or
     DFLASH, any overlap setting) at the same load and graph setting."""
     same = [r for r in rows if str(r.get("cuda_graph")) == str(graphs)]
-    all_trees = [r for r in greedy_ok(same, "DDTREE") if overlap(r) == overlap_setting]
+    all_trees = [r for r in fixed_trees(same) if overlap(r) == overlap_setting]
     all_refs = greedy_ok(same, "NONE") + greedy_ok(same, "DFLASH")
     picks = []
     for level in sorted({int(r.get("concurrency") or 0) for r in all_trees}):
@@ -154,16 +167,69 @@ def schedule(summary: dict | None, rows: list[dict]) -> dict:
         return {}
     graphs, overlap_setting = summary["best"]["cuda_graph"], overlap(summary["best"])
     picks = schedule_picks(rows, graphs, overlap_setting)
+    if not picks:                 # only the width policy ran under the best one's settings
+        return {"width_policy": policy_comparison(rows)}
     found = found_schedule(picks)
     return {"k26_ddtree_budget": str(found.budget), "k26_ddtree_topk_cap": str(found.topk_cap),
             "cuda_graph": graphs, "overlap_schedule": overlap_setting, "temperature": 0.0, "picks": picks,
-            "loses_at": [p["concurrency"] for p in picks if p["vs_reference"] is not None and p["vs_reference"] < 1]}
+            "loses_at": [p["concurrency"] for p in picks if p["vs_reference"] is not None and p["vs_reference"] < 1],
+            "width_policy": policy_comparison(rows)}
+
+
+def setting_name(row: dict) -> str:
+    """How results.md names a row's setting: NONE, DFLASH, b16 c4, or auto c8; with its overlap setting."""
+    if row.get("algorithm", "DDTREE") != "DDTREE":
+        what = row["algorithm"]
+    else:
+        what = f"{'auto' if is_policy(row) else 'b' + str(row['budget'])} c{row['topk_cap']}"
+    return f"{what} (overlap {overlap(row)})"
+
+
+def policy_comparison(rows: list[dict]) -> list[dict]:
+    """At each load and overlap setting the width policy ran (temperature 0): its tokens/s against the fastest of
+    every other setting at that load with its graph setting (fixed budgets, DFLASH, NONE; any overlap setting), and
+    whether it keeps up (ratio >= 1 - POLICY_TOLERANCE)."""
+    out = []
+    others = fixed_trees(rows) + greedy_ok(rows, "DFLASH") + greedy_ok(rows, "NONE")
+    for row in sorted((r for r in greedy_ok(rows, "DDTREE") if is_policy(r)),
+                      key=lambda r: (int(r.get("concurrency") or 0), overlap(r))):
+        rivals = [r for r in others if alike(r, row)]
+        best = max(rivals, key=speed, default=None)
+        ratio = round(speed(row) / speed(best), 3) if best and speed(best) > 0 else None
+        out.append({"concurrency": int(row.get("concurrency") or 0), "overlap_schedule": overlap(row),
+                    "budget": str(row["budget"]), "topk_cap": int(row["topk_cap"]), "tokens_per_s": speed(row),
+                    "accept_length": accept_length(row), "fastest_other": setting_name(best) if best else None,
+                    "fastest_other_tokens_per_s": speed(best) if best else None, "vs_fastest_other": ratio,
+                    "keeps_up": ratio is not None and ratio >= 1 - POLICY_TOLERANCE})
+    return out
+
+
+def policy_lines(compared: list[dict]) -> list[str]:
+    """The width policy's section of results.md."""
+    if not compared:
+        return []
+    lines = ["", f"Width policy (budget auto) against the fastest other setting at each load (temperature 0; keeps up: "
+                 f"within {POLICY_TOLERANCE:.0%}):", "",
+             "| concurrency | overlap | policy tokens/s | accept length | fastest other | its tokens/s | policy / it |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c['concurrency']} | {c['overlap_schedule']} | {c['tokens_per_s']} | {c['accept_length']} | "
+              f"{c['fastest_other'] or '-'} | {c['fastest_other_tokens_per_s'] or '-'} | {c['vs_fastest_other'] or '-'} |"
+              for c in compared]
+    behind = [c for c in compared if not c["keeps_up"]]
+    if behind:
+        lines += ["", "The width policy falls behind at " + ", ".join(
+            f"concurrency {c['concurrency']} (overlap {c['overlap_schedule']}, x{c['vs_fastest_other']})" for c in behind)
+            + ": keep the fixed setting or the schedule."]
+    else:
+        lines += ["", f"The width policy keeps up at every load measured: `k26_ddtree_budget: auto` with "
+                      f"`k26_ddtree_topk_cap: {compared[0]['topk_cap']}` may serve this host (not written by the sweep)."]
+    return lines
 
 
 def schedule_lines(plan: dict) -> list[str]:
     """The schedule section of results.md."""
-    if not plan:
-        return []
+    if not plan.get("picks"):
+        return policy_lines(plan.get("width_policy", []))
     lines = ["", f"Schedule by running batch size (temperature 0, CUDA graphs {plan['cuda_graph']}, "
                  f"overlap scheduler {plan.get('overlap_schedule', 'auto')}): "
                  f"budget `{plan['k26_ddtree_budget']}`, top-k cap `{plan['k26_ddtree_topk_cap']}`", "",
@@ -175,7 +241,7 @@ def schedule_lines(plan: dict) -> list[str]:
     if plan["loses_at"]:
         lines += ["", "DDTREE is slower than the best reference at concurrency "
                       + ", ".join(str(c) for c in plan["loses_at"]) + ": no width wins there."]
-    return lines
+    return lines + policy_lines(plan.get("width_policy", []))
 
 
 def write_csv(rows: list[dict], out: Path) -> None:
@@ -200,7 +266,7 @@ def write_table(rows: list[dict], out: Path, summary: dict | None, plan: dict | 
 
 
 def write_plot(rows: list[dict], out: Path) -> None:
-    ok = greedy_ok(rows, "DDTREE")
+    ok = fixed_trees(rows)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     graph_settings = sorted({(str(r["cuda_graph"]), overlap(r)) for r in ok})
     levels = sorted({int(r.get("concurrency") or 0) for r in ok})
@@ -214,8 +280,9 @@ def write_plot(rows: list[dict], out: Path) -> None:
             ax1.plot([b for b, _ in pts], [r.get("server_accept_length") or r["accept_length"] or 0 for _, r in pts],
                      marker="o", label=label)
             ax2.plot([b for b, _ in pts], [speed(r) for _, r in pts], marker="o", label=label)
-    for ref, style in (("DFLASH", "--"), ("NONE", ":")):
-        for r in greedy_ok(rows, ref):
+    for ref, style in (("DFLASH", "--"), ("NONE", ":"), ("width policy", "-.")):
+        for r in ([r for r in greedy_ok(rows, "DDTREE") if is_policy(r)] if ref == "width policy"
+                  else greedy_ok(rows, ref)):
             label = (ref + ("" if len(graph_settings) <= 1 else f", graphs {r['cuda_graph']}, overlap {overlap(r)}")
                      + ("" if len(levels) <= 1 else f", {r.get('concurrency')} at once"))
             ax2.axhline(speed(r), linestyle=style, color="black", label=label)
@@ -243,7 +310,9 @@ def main(argv: list[str]) -> int:
     (out / "thresholds.json").write_text(json.dumps(thresholds(summary, rows), indent=2) + "\n")
     (out / "schedule.json").write_text(json.dumps(plan, indent=2) + "\n")
     print(json.dumps({**(summary or {"best": None}), "results": str(out),
-                      "schedule": {k: plan[k] for k in ("k26_ddtree_budget", "k26_ddtree_topk_cap", "loses_at")} if plan else None}))
+                      "schedule": {k: plan[k] for k in ("k26_ddtree_budget", "k26_ddtree_topk_cap", "loses_at")}
+                      if plan.get("picks") else None,
+                      "width_policy_behind_at": [c["concurrency"] for c in plan.get("width_policy", []) if not c["keeps_up"]]}))
     return 0
 
 

@@ -391,6 +391,28 @@ def test_preflight_refuses_a_width_policy_it_cannot_serve(tmp_path, sglang_pair_
     assert message in out, out[-3000:]
 
 
+def test_a_sweep_of_the_width_policy_on_ddtree_serve_is_refused_before_the_lock(tmp_path, pair_dir):
+    """sweep_width_policy on a host that serves ddtree-serve: the sweep's own check before the lock refuses it with
+    preflight's message (the controller as the host, connected locally; nothing is locked, stopped or written)."""
+    state = STATE_ROOT / tmp_path.name / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"children": {"k26": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_become": False, "k26_gateway_worker_url": "http://127.0.0.1:39999",
+        "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}}}}}))
+    settings = {"k26_gpu_required": False, "k26_state_dir": str(state), "k26_model_path": str(pair_dir / "target"),
+                "k26_draft_model_path": str(pair_dir / "draft"), "k26_dflash_block_size": 4, "k26_port": 39999,
+                "k26_server_kind": "reference", "k26_api_key": "a-test-key-of-24-chars00",
+                "k26_requirements_file": str(ROOT / "requirements/sandbox.lock"), "sweep_width_policy": True,
+                "sweep_budgets": [4], "sweep_topk_caps": [4], "sweep_results_root": str(tmp_path / "results")}
+    r = run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/sweep.yml", "-e", json.dumps(settings)], tmp_path)
+    out = re.sub(r"\s+", " ", r.stdout)
+    assert r.returncode != 0
+    assert "k26_ddtree_budget=auto (the width policy) is invalid with k26_server_kind=reference" in out, out[-3000:]
+    assert "can serve the width policy" in out and "Take the host lock" not in out
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.parametrize("removed", ["SGLANG_DDTREE_SCHEDULE", "SGLANG_DDTREE_OVERLAP"])
 def test_nothing_asks_for_a_removed_plugin_switch(removed):
     """The schedule's and the overlap scheduler's switches are gone from the plugin (issue 45): nothing of the

@@ -124,3 +124,36 @@ def test_references_are_the_bar_at_their_fastest_overlap_setting_and_the_schedul
     assert "overlap scheduler auto" in (tmp_path / "results.md").read_text()
     assert "overlap_schedule" in (tmp_path / "results.csv").read_text().splitlines()[0]
     assert report.overlap(row("NONE", 1.0)) == "auto"          # rows of sweeps before the setting
+
+
+def test_the_width_policy_is_set_against_the_fastest_other_setting_at_each_load_and_kept_out_of_the_schedule(tmp_path):
+    """sweep_width_policy's rows (budget auto): at 1 faster than every width, at 8 2% behind b16 c4 (keeps up, within
+    3%), at 32 10% behind NONE (falls behind); the fixed schedule is what it was without them."""
+    rows = [r for r in grid() if r["cuda_graph"] is True]
+    policy = [row("DDTREE", t, 4.5, "auto", 8, concurrency=c) for c, t in ((1, 950.0), (8, 2548.0), (32, 5400.0))]
+    plan = report.schedule(report.comparison(rows + policy), rows + policy)
+    assert plan["k26_ddtree_budget"] == "1:64,8:16,32:8"
+    assert [(c["concurrency"], c["fastest_other"], c["vs_fastest_other"], c["keeps_up"]) for c in plan["width_policy"]] \
+        == [(1, "b64 c8 (overlap auto)", round(950 / 900, 3), True), (8, "b16 c4 (overlap auto)", 0.98, True),
+            (32, "NONE (overlap auto)", 0.9, False)]
+    (tmp_path / "rows.json").write_text(json.dumps(rows + policy))
+    done = subprocess.run([sys.executable, str(ROOT / "tools/sweep_report.py"), str(tmp_path)], check=True,
+                          capture_output=True, text=True)
+    assert json.loads(done.stdout)["width_policy_behind_at"] == [32]
+    table = (tmp_path / "results.md").read_text()
+    assert "The width policy falls behind at concurrency 32 (overlap auto, x0.9)" in table
+    assert json.loads((tmp_path / "schedule.json").read_text())["k26_ddtree_budget"] == "1:64,8:16,32:8"
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_sweep_of_the_width_policy_alone_writes_no_schedule_and_says_where_it_keeps_up(tmp_path):
+    rows = [row("NONE", 300.0, 1.0, concurrency=1), row("DFLASH", 450.0, 3.0, concurrency=1),
+            row("DDTREE", 460.0, 4.5, "auto", 8, concurrency=1)]
+    plan = report.schedule(report.comparison(rows), rows)
+    assert "k26_ddtree_budget" not in plan and plan["width_policy"][0]["fastest_other"] == "DFLASH (overlap auto)"
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    done = subprocess.run([sys.executable, str(ROOT / "tools/sweep_report.py"), str(tmp_path)], check=True,
+                          capture_output=True, text=True)
+    assert json.loads(done.stdout)["schedule"] is None
+    assert "keeps up at every load measured: `k26_ddtree_budget: auto` with `k26_ddtree_topk_cap: 8`" in \
+        (tmp_path / "results.md").read_text()
