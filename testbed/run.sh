@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The DDTREE-in-SGLang tests on the GPU test bed, from the project root on the GPU machine, after
 # the test bed is staged (docs/gpu-testbed.md):
-#   testbed/run.sh [pytest args]      e.g. -k 'not test_ddtree_greedy or b32-c8'
+#   testbed/run.sh [pytest args]      e.g. -k 'not test_ddtree_greedy or b32-c8'; a test file named
+#                                     (tests/gpu_sglang/test_width_policy.py) runs alone
 #   testbed/run.sh --bench [bench/sglang_e2e.py args]   e.g. --quick
 #   testbed/run.sh --production [pytest args]   the production example's unit as rendered
 #       (.testbed/plan.json from testbed/production_plan.py, carried) with the playbooks'
@@ -25,6 +26,7 @@ SIZE=${SIZE:-small}
 WORK=${WORK:-$SGLANG_TESTBED/ddtree$([ "$SIZE" = small ] || echo "-$SIZE")}; OUTDIR=${OUTDIR:-$WORK/out}; mkdir -p "$WORK" "$OUTDIR"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 . testbed/carry.sh
+. testbed/targets.sh
 if [ -n "${UNPACK:-}" ]; then
   carry_unpack pair "$UNPACK" "$WORK"
   carry_unpack jit "$UNPACK" "$HOME"
@@ -76,7 +78,7 @@ elif [ "${1:-}" = "--bench" ]; then    # bench/sglang_e2e.py on the same pair in
 else
   SGLANG_DDTREE_PAIR="$WORK/sglang-pair" SGLANG_DDTREE_REF="$WORK/pair/b8" \
   SGLANG_DDTREE_PROMPTS="$WORK/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUTDIR" \
-    python3 -m pytest tests/gpu_sglang -p no:cacheprovider -q -rfE "$@"
+    python3 -m pytest $(gpu_test_targets "$@") -p no:cacheprovider -q -rfE "$@"
 fi
 rc=$?
 echo "[run] tests done after $(( $(date +%s) - t0 )) s (rc $rc)"

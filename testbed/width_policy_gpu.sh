@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 70 on the GPU as one background chain, from the project root on the GPU machine after staging
-# (docs/gpu-testbed.md), once the pairs train (TRAIN_BG: the job training them under bg.sh, waited for):
+# (docs/gpu-testbed.md), the pairs trained beside the staging under bg.sh (TRAIN_BG): the policy tests start once the
+# small pair is there, the enlarging once TRAIN_BG has ended (the kimi-allexp training took 5+ minutes on 2026-12-07
+# with --train-prompts, the small one 1.5):
 #   MARLIN_CACHE=/tmp/marlin-parts BG=/tmp/policy testbed/bg.sh start testbed/width_policy_gpu.sh
 #   BG=/tmp/policy testbed/bg.sh wait 540     (again at once until "[bg] ended"; carry .gpu-bundles/bin)
 # 1. tests/gpu_sglang/test_width_policy.py on the small pair ($SGLANG_TESTBED/ddtree/pair, testbed/run.sh): the
@@ -14,10 +16,12 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 . .gpu-bundles/bin/env.sh
 TRAIN_BG=${TRAIN_BG:-/tmp/train}
-while [ -f "$TRAIN_BG/log" ] && [ ! -f "$TRAIN_BG/rc" ]; do sleep 5; done
+SMALL=$SGLANG_TESTBED/ddtree/pair
+while [ -f "$TRAIN_BG/log" ] && [ ! -f "$TRAIN_BG/rc" ] && [ ! -f "$SMALL/heldout_prompts.json" ]; do sleep 5; done
 ROOT=${ROOT:-$SGLANG_TESTBED/enlarged}; BIG=${BIG:-/dev/shm/big}; OUT=${OUT:-/tmp/policy-out}; mkdir -p "$OUT/policy"
 t0=$(date +%s)
-( [ -f "$BIG/target/config.json" ] || PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 -m ddtree.reference.enlarge \
+( while [ -f "$TRAIN_BG/log" ] && [ ! -f "$TRAIN_BG/rc" ]; do sleep 5; done
+  [ -f "$BIG/target/config.json" ] || PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 -m ddtree.reference.enlarge \
     --pair "$ROOT/pair/b8" --out "$BIG" --int4-experts --extra-layers "${EXTRA_LAYERS:-24}" > "$OUT/enlarge.log" 2>&1
   echo "[policy] enlarged after $(( $(date +%s) - t0 )) s (rc $?)" ) &
 enlarging=$!

@@ -108,3 +108,17 @@ def test_a_last_part_missing_or_cut_short_unpacks_nothing(tmp_path):
     last.write_bytes(whole)                                      # carried again: whole
     r = bash(tmp_path, f"carry_unpack pair {out} {dst}")
     assert r.returncode == 0 and (dst / "model.safetensors").read_bytes() == payload, r.stderr
+
+
+def test_run_sh_collects_the_gpu_directory_unless_a_test_file_is_named(tmp_path):
+    """testbed/targets.sh, which run.sh's pytest call takes its targets from."""
+    def targets(*args: str) -> str:
+        script = tmp_path / "t.sh"
+        script.write_text(f"set -u\n. {ROOT / 'testbed/targets.sh'}\ngpu_test_targets \"$@\"\n")
+        return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    assert targets() == "tests/gpu_sglang"
+    assert targets("-k", "chain_setting or b32-c8") == "tests/gpu_sglang"
+    assert targets("tests/gpu_sglang/test_width_policy.py") == ""
+    assert targets("-x", "tests/gpu_sglang/test_widths.py::test_one") == ""
+    assert 'pytest $(gpu_test_targets "$@")' in (ROOT / "testbed/run.sh").read_text()
