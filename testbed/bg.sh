@@ -10,17 +10,27 @@
 set -u
 BG=${BG:-/tmp/ddtree-bg}
 send_new() {   # the job's files not yet sent (name, size and time as sent before), oldest first, at most MAX_FILES
-  # (7) and MAX_MIB (48) a call - the device returns 8 files and 64 MiB a call, running.tgz among them; the rest wait
-  local f size key n=0 bytes=0
+  # (7) and MAX_MIB (48) a call - the device returns 8 files and 64 MiB a call, running.tgz among them; the rest wait.
+  # A folder (run.sh's logs/) goes as one archive NAME.tgz, again whenever a file in it changed (the device brings back
+  # plain files only: on 2026-12-07 a job's server logs stayed on a machine that was then given back)
+  local f src size key n=0 bytes=0
   touch "$BG/sent"
+  mkdir -p "$BG/packed"
   for f in $(ls -tr "$BG"/out/ 2>/dev/null); do
-    size=$(stat -c %s "$BG/out/$f")
-    key="$f $size.$(stat -c %Y "$BG/out/$f")"
+    if [ -d "$BG/out/$f" ]; then
+      key="$f/ $(cd "$BG/out" && find "$f" -type f -printf '%P %s %T@\n' | sort | md5sum | cut -c1-32)"
+      src="$BG/packed/$f.tgz"
+    else
+      key="$f $(stat -c %s "$BG/out/$f").$(stat -c %Y "$BG/out/$f")"
+      src="$BG/out/$f"
+    fi
     grep -qxF "$key" "$BG/sent" && continue
+    [ -d "$BG/out/$f" ] && tar czf "$src" -C "$BG/out" "$f" 2>/dev/null
+    size=$(stat -c %s "$src")
     if [ "$n" -ge "${MAX_FILES:-7}" ] || [ $(( bytes + size )) -gt $(( ${MAX_MIB:-48} * 1048576 )) ]; then
       echo "[bg] $f and later files wait for the next call"; break
     fi
-    cp "$BG/out/$f" "$OUT/" && echo "$key" >> "$BG/sent" && n=$((n + 1)) && bytes=$((bytes + size))
+    cp "$src" "$OUT/" && echo "$key" >> "$BG/sent" && n=$((n + 1)) && bytes=$((bytes + size))
   done
 }
 

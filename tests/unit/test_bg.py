@@ -74,3 +74,23 @@ def test_a_call_carries_no_more_than_max_mib_and_the_rest_follow(tmp_path):
     assert "[bg] d and later files wait for the next call" in r.stdout
     bg(tmp_path, "wait", "1", out=tmp_path / "out3")
     assert [p.name for p in (tmp_path / "out3").iterdir()] == ["d"]
+
+
+def test_a_folder_goes_as_one_archive_and_again_only_when_a_file_in_it_changed(tmp_path):
+    import tarfile
+
+    job_writing(tmp_path, ["results.md"])
+    logs = tmp_path / "bg/out/logs"
+    logs.mkdir()
+    (logs / "sglang-none.log").write_text("captured width 1\n")
+    first = bg(tmp_path, "wait", "1", out=tmp_path / "out1")
+    assert sorted(p.name for p in (tmp_path / "out1").iterdir()) == ["logs.tgz", "results.md"], first.stderr
+    with tarfile.open(tmp_path / "out1/logs.tgz") as tar:
+        assert tar.extractfile("logs/sglang-none.log").read() == b"captured width 1\n"
+    bg(tmp_path, "wait", "1", out=tmp_path / "out2")
+    assert list((tmp_path / "out2").iterdir()) == []
+    (logs / "sglang-auto.log").write_text("DDTREE width policy: none, chain, b8\n")
+    bg(tmp_path, "wait", "1", out=tmp_path / "out3")
+    assert [p.name for p in (tmp_path / "out3").iterdir()] == ["logs.tgz"]
+    with tarfile.open(tmp_path / "out3/logs.tgz") as tar:
+        assert sorted(tar.getnames()) == ["logs", "logs/sglang-auto.log", "logs/sglang-none.log"]
