@@ -176,7 +176,7 @@ case $PART in
     i=0
     GREEDY_MATRIX=${GREEDY_MATRIX:-ddtree-b8-c8-graphs,ddtree-b32-c4-graphs,ddtree-b32-c8-graphs,ddtree-b64-c8-graphs,ddtree-b32-c8-eager}
     for s in ${GREEDY_SIZES:-kimi-dense kimi-allexp}; do
-      names=none,dflash,ddtree-b7-c1-graphs,$GREEDY_MATRIX
+      names=none,dflash,ddtree-b7-c1-graphs,ddtree-b7-c1-graphs-dropleaf,$GREEDY_MATRIX
       env $(one "$s") SGLANG_DDTREE_OUT="/tmp/ddtree-greedy-$s" SGLANG_DDTREE_START="$names" \
         SGLANG_DDTREE_BASE_PORT=$((10000 + 100 * i)) python3 -m pytest tests/gpu_sglang/test_ddtree_server.py \
         -p no:cacheprovider -q -rfE -k "$(echo "$GREEDY_MATRIX" | sed 's/,/ or /g') or test_chain_setting or test_export or test_graph_runs" \

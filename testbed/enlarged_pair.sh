@@ -12,7 +12,8 @@
 #    (SERVERS: the configurations, default none,dflash,ddtree-b32-c8-graphs,ddtree-b7-c1-graphs,ddtree-auto-c8-graphs),
 #    and tests/gpu_sglang/test_width_policy.py's tests of the width policy (issue 70) without the overlap scheduler (and
 #    without the made-up -steepcost table's server: a sixth server of ~12 GB does not fit beside the five);
-# 4. the chain-against-DFLASH test again on the small INT4 pair, as the control for step 3's.
+# 4. the chain-against-DFLASH test again on the small INT4 pair, as the control for step 3's, and its fault (the
+#    chain one token short, SGLANG_DDTREE_FAULT=drop-leaf) shown to break the rule there.
 # POLICY_ONLY=1: after step 1 only the width policy's tests (tests/gpu_sglang/test_width_policy.py, no overlap twin) on
 # the small pair exported with bf16 experts ($ROOT/plain; SERVERS_POLICY, default none,ddtree-auto-c8-graphs).
 # Results: $OUT/results.md, results.json, logs.tgz.
@@ -47,13 +48,13 @@ SGLANG_DDTREE_PAIR="$BIG" SGLANG_DDTREE_REF="$ROOT/pair/b8" SGLANG_DDTREE_SMALL_
 SGLANG_DDTREE_PROMPTS="$ROOT/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUT" SGLANG_DDTREE_START="$SERVERS" \
   python3 -m pytest tests/gpu_sglang/test_enlarged_pair.py tests/gpu_sglang/test_ddtree_server.py \
   tests/gpu_sglang/test_width_policy.py -p no:cacheprovider -q -rfE \
-  -k "enlarged or (greedy_equals_no and b32-c8-graphs) or chain_setting or ((policy or timed_before) and not overlap and not steepcost)"
+  -k "enlarged or (greedy_equals_no and b32-c8-graphs) or chain_setting_equals or ((policy or timed_before) and not overlap and not steepcost)"
 rc=$?
 # the control for the chain-against-DFLASH test (it failed on the enlarged pair on 2026-12-07, accept 2.754 against
 # 2.717): the same test on the small INT4 pair - the same Marlin kernels over rows 28x shorter. Passing here and
 # failing there points at bf16 rounding in the widened draft; failing here too is a difference in the chain itself.
 SGLANG_DDTREE_PAIR="$ROOT/small" SGLANG_DDTREE_REF="$ROOT/pair/b8" SGLANG_DDTREE_PROMPTS="$ROOT/pair/heldout_prompts.json" \
-SGLANG_DDTREE_OUT="$OUT/small" SGLANG_DDTREE_START="none,dflash,ddtree-b7-c1-graphs" \
+SGLANG_DDTREE_OUT="$OUT/small" SGLANG_DDTREE_START="none,dflash,ddtree-b7-c1-graphs,ddtree-b7-c1-graphs-dropleaf" \
   python3 -m pytest tests/gpu_sglang/test_ddtree_server.py -p no:cacheprovider -q -rfE -k chain_setting
 rc_small=$?
 tar czf "$OUT/logs.tgz" -C "$OUT" logs small 2>/dev/null

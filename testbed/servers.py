@@ -154,6 +154,7 @@ SUFFIXES = {
     "-tok": lambda c: replace(c, tokenizer=True),
     "-fault": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "sibling"),)),
     "-stalepen": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "stale-penalties"),)),
+    "-dropleaf": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "drop-leaf"),)),
     "-steepcost": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_COST_TABLE", str(STEEP_COSTS)),)),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }

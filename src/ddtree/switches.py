@@ -141,8 +141,9 @@ SWITCHES: tuple[Switch, ...] = (
            test_bed_only=True),
     Switch("SGLANG_DDTREE_FAULT", "fault", "choice", "",
            "test bed: a deliberate fault (sibling: earlier siblings visible in the verify mask; stale-penalties: "
-           "every node penalised with the step start's counts, not its own path's)",
-           choices=("sibling", "stale-penalties"), test_bed_only=True),
+           "every node penalised with the step start's counts, not its own path's; drop-leaf: every step's tree "
+           "without its last node, a chain one token short of DFLASH's)",
+           choices=("sibling", "stale-penalties", "drop-leaf"), test_bed_only=True),
 )
 NAME = {s.field: s.name for s in SWITCHES}      # field -> variable, for messages
 

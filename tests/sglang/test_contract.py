@@ -229,7 +229,7 @@ def test_invalid_settings_are_rejected_with_the_plugins_message(invalid_outcomes
 
 
 OVERRIDES = {"__init__", "forward_batch_generation", "_maybe_build_draft_sampler", "prewarm_sampling", "init_cuda_graphs"}
-FAULT_HOOKS = {"verify_tree", "penalty_paths"}      # DDTreeWorker's own, overridden by the test bed's fault workers
+FAULT_HOOKS = {"step_tree", "verify_tree", "penalty_paths"}   # DDTreeWorker's own, the test bed's fault workers'
 
 
 def test_dflash_worker_v2_has_what_the_worker_overrides_and_calls():
@@ -315,7 +315,7 @@ def test_a_fault_is_a_worker_class_chosen_at_start_up():
 
     from ddtree import build_tree, switches
     from ddtree.sglang.diagnostics.faults import FAULT_WORKERS
-    from ddtree.sglang.diagnostics.step_dump import hide_paths_from_penalties, leak_siblings
+    from ddtree.sglang.diagnostics.step_dump import drop_last_node, hide_paths_from_penalties, leak_siblings
     from ddtree.sglang.tree_worker import DDTreeWorker
     from ddtree.sglang.worker import make_worker_class
 
@@ -324,15 +324,17 @@ def test_a_fault_is_a_worker_class_chosen_at_start_up():
     tree = build_tree(torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0)), torch.tensor([1, 2]),
                       budget=6, topk_cap=2, backend="torch")
     served = DDTreeWorker.__new__(DDTreeWorker)              # the hooks read nothing of the worker
-    assert served.verify_tree(tree) is tree and served.penalty_paths(tree) is tree
-    for fault, made in (("sibling", leak_siblings), ("stale-penalties", hide_paths_from_penalties)):
+    assert served.verify_tree(tree) is tree and served.penalty_paths(tree) is tree and served.step_tree(tree) is tree
+    for fault, made in (("sibling", leak_siblings), ("stale-penalties", hide_paths_from_penalties),
+                        ("drop-leaf", drop_last_node)):
         cls = make_worker_class({"SGLANG_DDTREE_FAULT": fault})
         assert cls is FAULT_WORKERS[fault] and issubclass(cls, DDTreeWorker)
         worker = cls.__new__(cls)
-        hooked = {"sibling": worker.verify_tree, "stale-penalties": worker.penalty_paths}[fault](tree)
+        hook = {"sibling": "verify_tree", "stale-penalties": "penalty_paths", "drop-leaf": "step_tree"}[fault]
+        hooked = getattr(worker, hook)(tree)
         assert torch.equal(hooked.ancestor_mask, made(tree).ancestor_mask)
         assert not torch.equal(hooked.ancestor_mask, tree.ancestor_mask)
-        assert {n for n in vars(cls) if callable(vars(cls)[n])} <= FAULT_HOOKS
+        assert {n for n in vars(cls) if callable(vars(cls)[n])} == {hook}        # that hook alone
     with pytest.raises(Exception, match="SGLANG_DDTREE_FAULT"):
         make_worker_class({"SGLANG_DDTREE_FAULT": "typo"})
 

@@ -238,3 +238,31 @@ def test_records_are_spread_over_every_width_met():
     assert len(chosen) == 24 and {len(r.tree_tokens) for r in chosen} == {9, 33, 65}
     assert [len(r.tree_tokens) for r in chosen[:3]] == [9, 33, 65]
     assert spread_over_widths(records[:30], 24) == records[:24]          # one width: the first, in order
+
+
+def test_the_drop_leaf_fault_makes_each_trees_last_node_padding_and_leaves_a_lone_root():
+    """step_dump.drop_last_node (SGLANG_DDTREE_FAULT=drop-leaf): a chain of 7 loses its depth-7 node, a tree its last
+    node (a leaf), a root-only row stays; the result is a tree the verify and verdict take (valid nodes first)."""
+    import torch
+
+    from ddtree import build_tree
+    from ddtree.sglang.diagnostics.step_dump import drop_last_node
+    from ddtree.tree import root_only_tree
+
+    logits = torch.randn(2, 7, 11, generator=torch.Generator().manual_seed(3))
+    chain = build_tree(logits, torch.tensor([1, 2]), budget=7, topk_cap=1, backend="torch")
+    short = drop_last_node(chain)
+    assert short.num_nodes.tolist() == [7, 7] and short.depths[:, 7].tolist() == [-1, -1]
+    assert short.depths[:, :7].tolist() == chain.depths[:, :7].tolist() and short.parents[:, 7].tolist() == [-1, -1]
+    assert short.tokens[:, 7].tolist() == chain.tokens[:, 0].tolist() and torch.isinf(short.scores[:, 7]).all()
+    assert short.ancestor_mask[:, 7].tolist() == [[False] * 7 + [True]] * 2
+    assert torch.equal(short.ancestor_mask[:, :7], chain.ancestor_mask[:, :7])
+    tree = build_tree(logits, torch.tensor([1, 2]), budget=6, topk_cap=3, backend="torch")
+    cut = drop_last_node(tree)
+    last = tree.num_nodes - 1
+    assert torch.equal(cut.num_nodes, last)
+    assert not (tree.parents == last[:, None]).any()                       # the dropped node had no child
+    assert (cut.depths.gather(1, last[:, None]) == -1).all()
+    alone = root_only_tree(torch.tensor([5, 6]), 7)
+    assert torch.equal(drop_last_node(alone).num_nodes, alone.num_nodes)
+    assert torch.equal(drop_last_node(alone).ancestor_mask, alone.ancestor_mask)

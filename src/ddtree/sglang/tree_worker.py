@@ -7,8 +7,8 @@ step is this module's: the stages of decode_step.py (window, draft, tree, gramma
 order over one StepPlan, each taking what it reads (the StepView, step/view.py, built once after the graphs: no
 stage reads the worker) and returning what it makes; the verdict is verdict.py's. Start-up jobs are
 worker_setup.py's; what the worker adds to its parent is one DDTreeParts, set in __init__. The test bed's
-deliberate faults are subclasses (diagnostics/faults.py) that override the two hooks below, verify_tree and
-penalty_paths; ddtree.sglang.worker.make_worker_class picks one at start-up from SGLANG_DDTREE_FAULT.
+deliberate faults are subclasses (diagnostics/faults.py) that override one of the three hooks below, step_tree,
+verify_tree and penalty_paths; ddtree.sglang.worker.make_worker_class picks one at start-up from SGLANG_DDTREE_FAULT.
 
 Sizing (see server_env.py): SGLang's speculative_num_draft_tokens is N = budget + 1 on a DDTREE server;
 DFlashWorkerV2.__init__ takes that as its block size, so the worker restores the draft's own block
@@ -132,6 +132,10 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # --- the hooks a test-bed fault overrides (diagnostics/faults.py) ---------------------------------------------
 
+    def step_tree(self, tree: DraftTree) -> DraftTree:
+        """The tree a speculative step verifies and decides on: the one just built."""
+        return tree
+
     def verify_tree(self, tree: DraftTree) -> DraftTree:
         """The tree the verify pass attends over: the step's own."""
         return tree
@@ -176,7 +180,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 widest = draft_candidates(view, batch, draft_input, plan, window, parts.head, parts.eager)
             with prof.stage("tree"):
                 candidates = narrow_candidates(widest, plan, parts.vocab)          # [bs, L, K(cap)]
-                tree = build_tree_from_candidates(candidates, roots, plan.budget)
+                tree = self.step_tree(build_tree_from_candidates(candidates, roots, plan.budget))
             if parts.policy is not None:
                 with prof.stage("policy"):
                     parts.policy.observe(tree, widest, roots, plan.budget, plan.cap)

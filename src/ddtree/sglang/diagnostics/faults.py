@@ -7,6 +7,9 @@ fault branch in its decode path. Each subclass overrides one of DDTreeWorker's t
   stale-penalties  the verdict's penalties count every node by the step start's counts, as SGLang's DFLASH verify
                    applies them over its block (step_dump.hide_paths_from_penalties): the fault the request tests'
                    penalty rule must catch
+  drop-leaf        every step's tree loses its last node before the verify and the verdict (step_dump.drop_last_node):
+                   exact still, but a chain of budget L verifies L - 1 of DFLASH's L tokens - the fault the
+                   chain-against-DFLASH test must catch
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from ddtree import switches
-from ddtree.sglang.diagnostics.step_dump import hide_paths_from_penalties, leak_siblings
+from ddtree.sglang.diagnostics.step_dump import drop_last_node, hide_paths_from_penalties, leak_siblings
 from ddtree.sglang.tree_worker import DDTreeWorker
 from ddtree.types import DraftTree
 
@@ -39,7 +42,17 @@ class StalePenaltiesWorker(DDTreeWorker):
         return hide_paths_from_penalties(tree)
 
 
-FAULT_WORKERS: dict[str, type[DDTreeWorker]] = {cls.fault: cls for cls in (SiblingLeakWorker, StalePenaltiesWorker)}
+class DropLeafWorker(DDTreeWorker):
+    """DDTREE with the drop-leaf fault: each step's tree loses its last node (a chain one drafted token)."""
+
+    fault = "drop-leaf"
+
+    def step_tree(self, tree: DraftTree) -> DraftTree:
+        return drop_last_node(tree)
+
+
+FAULT_WORKERS: dict[str, type[DDTreeWorker]] = {cls.fault: cls for cls in
+                                                (SiblingLeakWorker, StalePenaltiesWorker, DropLeafWorker)}
 
 
 def fault_worker(fault: str) -> type[DDTreeWorker]:

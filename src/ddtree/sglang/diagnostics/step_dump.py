@@ -12,8 +12,11 @@ deploy's input check refuses both variables in k26_service_env).
                                 mask, for showing that a check fails on it. The accept walk is unchanged.
   SGLANG_DDTREE_FAULT=stale-penalties  every node penalised with the step start's counts instead of its own path's
                                 (SGLang's DFLASH way): for showing that the penalty test fails on it.
-  The faults' trees are made here (leak_siblings, hide_paths_from_penalties); the workers that use them, chosen at
-  start-up, are faults.py's.
+  SGLANG_DDTREE_FAULT=drop-leaf every step's tree loses its last node (a leaf) before the verify and the verdict:
+                                still exact, but the chain verifies L - 1 of DFLASH's L drafted tokens - for showing
+                                that the chain-against-DFLASH test fails on a chain that is not DFLASH's.
+  The faults' trees are made here (leak_siblings, hide_paths_from_penalties, drop_last_node); the workers that use
+  them, chosen at start-up, are faults.py's.
 
 The dump reads the device (a host copy per step): a diagnostics mode like the step profiler, not a served one.
 """
@@ -64,6 +67,23 @@ def hide_paths_from_penalties(tree: DraftTree) -> DraftTree:
     root_only = torch.zeros_like(tree.ancestor_mask)
     root_only[:, :, 0] = True
     return dataclasses.replace(tree, ancestor_mask=tree.ancestor_mask & root_only)
+
+
+def drop_last_node(tree: DraftTree) -> DraftTree:
+    """The deliberate fault drop-leaf: each request's last valid node (index num_nodes - 1; a leaf, since children
+    follow their parent) becomes padding - the root's token, parent and depth -1, score -inf, attending to itself
+    only - and num_nodes drops by one; a tree of the root alone is left as it is. Every tensor [bs, N] as in
+    DraftTree; no host synchronisation."""
+    n = tree.width
+    has_node = tree.num_nodes > 1                                                           # [bs]
+    index = torch.arange(n, device=tree.tokens.device)
+    drop = (index[None, :] == (tree.num_nodes - 1)[:, None]) & has_node[:, None]           # [bs, N]
+    alone = torch.eye(n, dtype=torch.bool, device=tree.tokens.device)                       # [N, N]
+    return dataclasses.replace(
+        tree, tokens=torch.where(drop, tree.tokens[:, :1], tree.tokens),
+        parents=torch.where(drop, -1, tree.parents), depths=torch.where(drop, -1, tree.depths),
+        scores=torch.where(drop, float("-inf"), tree.scores), num_nodes=tree.num_nodes - has_node.to(torch.int64),
+        ancestor_mask=torch.where(drop[:, :, None], alone[None], tree.ancestor_mask))
 
 
 def read_prefix_kv(pool, slots: torch.Tensor) -> dict[str, torch.Tensor]:
