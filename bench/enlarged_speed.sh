@@ -21,8 +21,7 @@ t0=$(date +%s)
 . testbed/enlarged_common.sh
 enlarged_prepare speed || exit 1
 rm -rf /dev/shm/enlarged          # enlarged_pair.sh's 10-layer copy: /dev/shm is the machine's memory
-[ -f "$BIG/target/config.json" ] || python3 -m ddtree.reference.enlarge --pair "$ROOT/pair/b8" --out "$BIG" \
-  --int4-experts --extra-layers "${EXTRA_LAYERS:-24}" || exit 1
+enlarged_copy "$BIG" "${EXTRA_LAYERS:-24}" || exit 1
 echo "[speed] pair and its enlarged copy ready after $(( $(date +%s) - t0 )) s"
 python3 -m bench.sglang_speed --pair "$BIG" --prompts "$ROOT/pair/heldout_prompts.json" \
   --train-prompts "$ROOT/pair/train_prompts.json" --out "$OUT" --phase fixed --one-at-a-time --no-profile \

@@ -41,8 +41,7 @@ if [ -n "${POLICY_ONLY:-}" ]; then   # the width policy's tests alone, on the sm
 fi
 [ -d "$ROOT/small/target" ] || python3 -m ddtree.reference.export --pair "$ROOT/pair/b8" --out "$ROOT/small" \
   --int4-experts || exit 1
-[ -f "$BIG/target/config.json" ] || python3 -m ddtree.reference.enlarge --pair "$ROOT/pair/b8" --out "$BIG" \
-  --int4-experts --extra-layers "$EXTRA_LAYERS" || exit 1
+enlarged_copy "$BIG" "$EXTRA_LAYERS" || exit 1
 echo "[enlarged] pairs ready after $(( $(date +%s) - t0 )) s"
 SGLANG_DDTREE_PAIR="$BIG" SGLANG_DDTREE_REF="$ROOT/pair/b8" SGLANG_DDTREE_SMALL_PAIR="$ROOT/small" \
 SGLANG_DDTREE_PROMPTS="$ROOT/pair/heldout_prompts.json" SGLANG_DDTREE_OUT="$OUT" SGLANG_DDTREE_START="$SERVERS" \

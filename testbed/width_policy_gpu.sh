@@ -20,9 +20,9 @@ SMALL=$SGLANG_TESTBED/ddtree/pair
 while [ -f "$TRAIN_BG/log" ] && [ ! -f "$TRAIN_BG/rc" ] && [ ! -f "$SMALL/heldout_prompts.json" ]; do sleep 5; done
 ROOT=${ROOT:-$SGLANG_TESTBED/enlarged}; BIG=${BIG:-/dev/shm/big}; OUT=${OUT:-/tmp/policy-out}; mkdir -p "$OUT/policy"
 t0=$(date +%s)
+. testbed/enlarged_common.sh
 ( while [ -f "$TRAIN_BG/log" ] && [ ! -f "$TRAIN_BG/rc" ]; do sleep 5; done
-  [ -f "$BIG/target/config.json" ] || PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 -m ddtree.reference.enlarge \
-    --pair "$ROOT/pair/b8" --out "$BIG" --int4-experts --extra-layers "${EXTRA_LAYERS:-24}" > "$OUT/enlarge.log" 2>&1
+  enlarged_copy "$BIG" "${EXTRA_LAYERS:-24}" > "$OUT/enlarge.log" 2>&1
   echo "[policy] enlarged after $(( $(date +%s) - t0 )) s (rc $?)" ) &
 enlarging=$!
 OUTDIR="$OUT/policy" \

@@ -62,6 +62,11 @@ def fixed_trees(rows: list[dict]) -> list[dict]:
     return [r for r in greedy_ok(rows, "DDTREE") if not is_policy(r)]
 
 
+def policy_rows(rows: list[dict]) -> list[dict]:
+    """The width policy's DDTREE rows at temperature 0 that passed."""
+    return [r for r in greedy_ok(rows, "DDTREE") if is_policy(r)]
+
+
 def greedy_ok(rows: list[dict], algorithm: str) -> list[dict]:
     return [r for r in rows if r.get("status") == "ok" and float(r["temperature"]) == 0.0
             and r.get("algorithm", "DDTREE") == algorithm]
@@ -191,8 +196,7 @@ def policy_comparison(rows: list[dict]) -> list[dict]:
     whether it keeps up (ratio >= 1 - POLICY_TOLERANCE)."""
     out = []
     others = fixed_trees(rows) + greedy_ok(rows, "DFLASH") + greedy_ok(rows, "NONE")
-    for row in sorted((r for r in greedy_ok(rows, "DDTREE") if is_policy(r)),
-                      key=lambda r: (int(r.get("concurrency") or 0), overlap(r))):
+    for row in sorted(policy_rows(rows), key=lambda r: (int(r.get("concurrency") or 0), overlap(r))):
         rivals = [r for r in others if alike(r, row)]
         best = max(rivals, key=speed, default=None)
         ratio = round(speed(row) / speed(best), 3) if best and speed(best) > 0 else None
@@ -281,8 +285,7 @@ def write_plot(rows: list[dict], out: Path) -> None:
                      marker="o", label=label)
             ax2.plot([b for b, _ in pts], [speed(r) for _, r in pts], marker="o", label=label)
     for ref, style in (("DFLASH", "--"), ("NONE", ":"), ("width policy", "-.")):
-        for r in ([r for r in greedy_ok(rows, "DDTREE") if is_policy(r)] if ref == "width policy"
-                  else greedy_ok(rows, ref)):
+        for r in policy_rows(rows) if ref == "width policy" else greedy_ok(rows, ref):
             label = (ref + ("" if len(graph_settings) <= 1 else f", graphs {r['cuda_graph']}, overlap {overlap(r)}")
                      + ("" if len(levels) <= 1 else f", {r.get('concurrency')} at once"))
             ax2.axhline(speed(r), linestyle=style, color="black", label=label)
