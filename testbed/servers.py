@@ -155,7 +155,8 @@ SUFFIXES = {
     "-fault": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "sibling"),)),
     "-stalepen": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "stale-penalties"),)),
     "-dropleaf": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_FAULT", "drop-leaf"),)),
-    "-steepcost": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_COST_TABLE", str(STEEP_COSTS)),)),
+    "-steepcost": lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_COST_TABLE", str(STEEP_COSTS)),
+                                                    ("SGLANG_DDTREE_COST_LEARN", "0"))),
     PROFILE_SUFFIX: lambda c: replace(c, env=c.env + (("SGLANG_DDTREE_PROFILE_STEPS", str(PROFILE_STEPS)),)),
 }
 
@@ -171,7 +172,8 @@ def config(name: str) -> ServerConfig:
     -tp2 (tensor parallel on 2 GPUs), -dump (DDTREE writes every step's tree, verify logits and prefix KV to
     Server.dump_dir), -fault (a deliberate tree-mask fault: nodes see their earlier siblings), -stalepen (a deliberate
     penalty fault: every node penalised with the step start's counts), -steepcost (the width policy priced by
-    STEEP_COSTS, so that its steps without speculation run at 2+ requests), -tok (the server loads
+    STEEP_COSTS alone, nothing learnt from its measured steps, so that its steps without speculation run at 2+
+    requests), -tok (the server loads
     the pair's tokenizer: SGLang refuses min_new_tokens, stop strings and grammars without one), -profile (DDTREE's step profiler on), in that order: e.g.
     ddtree-b64-c8-graphs-k16-tp2, none-int4-moetriton."""
     for suffix, change in reversed(SUFFIXES.items()):

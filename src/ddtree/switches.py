@@ -131,6 +131,10 @@ SWITCHES: tuple[Switch, ...] = (
            "with --speculative-ddtree-budget auto: the step costs the width policy prices its widths by, a sweep's "
            "measured table (JSON: verify_ms [[batch, width, ms], ..], draft_ms [[batch, ms], ..]) instead of the "
            "graphs timed at start-up"),
+    Switch("SGLANG_DDTREE_COST_LEARN", "cost_learn", "flag", "on",
+           "with --speculative-ddtree-budget auto: each option's step cost is the table's corrected by the server's "
+           "own measured steps (per option and batch band; an option not run for a while is run once to be "
+           "measured again); off prices the widths by the table alone"),
     Switch("SGLANG_DDTREE_PROFILE_STEPS", "profile_steps", "steps", "",
            "every N decode steps, one step timed stage by stage (the device synchronised between stages)"),
     # test bed only (preflight refuses them in k26_service_env)
@@ -160,6 +164,7 @@ class Switches:
     graph_check: bool = True
     sync_check: str | None = None
     cost_table: Path | None = None
+    cost_learn: bool = True
     profile_steps: int | None = None
     dump: Path | None = None
     dump_steps: int = 400

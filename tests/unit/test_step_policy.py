@@ -1,6 +1,6 @@
 """The width policy as the SGLang worker steps it (issue 70, item 2; CPU, no SGLang): which option a step runs from
-the expectations of the step `lag` steps back, the host's share of a step, the draft's calibration, and the step
-costs it prices them by (ddtree.sglang.policy.step_policy, ddtree.sglang.policy.graph_timing)."""
+the expectations of the step `lag` steps back, the draft's calibration, and the step costs it prices them by - the
+table corrected by the steps it measures (ddtree.sglang.policy.step_policy, .graph_timing, .measured_costs)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from ddtree.settings import DDTreeConfigError
 from ddtree.sglang.policy.graph_timing import CostTable
-from ddtree.sglang.policy.step_policy import HostShare, step_policy_for
+from ddtree.sglang.policy.step_policy import step_policy_for
 from ddtree.tree import build_tree_from_candidates, root_only_tree
 from ddtree.types import Candidates
 from ddtree.width_policy import CostCurve
@@ -48,11 +48,11 @@ STEEP = curve(lambda b, w: 1.0 + 0.5 * w)        # a wide tree costs far more th
 FLAT = curve(lambda b, w: 10.0)                  # width is free
 
 
-def policy_of(cost: CostCurve, lag: int = 1, overlapped: bool = False, share=None):
-    """The policy with a clock that stands still: every period reads as 0 ms, so the host's share stays 0 and the
-    curve alone decides (with the wall clock a slow or loaded CI machine measured host time between the test's
-    steps, which made a wide tree cheaper relative to its device cost; CI on 5b314bc picked b8 under STEEP)."""
-    policy = step_policy_for(CHOICES, 7, cost, DEPTH, lag, "cpu", overlapped, share=share)
+def policy_of(cost: CostCurve, lag: int = 1, overlapped: bool = False, share=None, learn: bool = False):
+    """The policy priced by the curve alone (learn off; the tests of learning below turn it on) with a clock that
+    stands still (with the wall clock a slow or loaded CI machine measured time between the test's steps, which
+    made a wide tree cheaper relative to its device cost; CI on 5b314bc picked b8 under STEEP)."""
+    policy = step_policy_for(CHOICES, 7, cost, DEPTH, lag, "cpu", overlapped, share=share, learn_costs=learn)
     policy.clock = lambda: 0.0
     return policy
 
@@ -132,48 +132,154 @@ def test_an_overconfident_draft_is_corrected_by_its_calibration():
     assert believed[-1][-1] - 1 < 0.2 * (believed[1][-1] - 1)   # b32's expected draft tokens cut by > 80%
 
 
-def test_the_host_share_adds_without_the_overlap_scheduler_and_hides_under_it():
-    serial = HostShare(overlapped=False)
-    for _ in range(30):
-        serial.update(period_ms=5.0, device_ms=2.0)
-    assert serial.ms == pytest.approx(3.0)
-    assert serial.step_ms(2.0) == pytest.approx(5.0) and serial.step_ms(6.0) == pytest.approx(9.0)
-    overlapped = HostShare(overlapped=True)
-    for _ in range(30):
-        overlapped.update(period_ms=5.0, device_ms=2.0)          # host-bound: the period is the host
-    assert overlapped.ms == pytest.approx(5.0)
-    assert overlapped.step_ms(2.0) == 5.0 and overlapped.step_ms(7.0) == 7.0
-    overlapped.update(period_ms=400.0, device_ms=2.0)            # an idle gap: ignored
-    assert overlapped.ms == pytest.approx(5.0)
-
-
-def test_a_host_bound_step_buys_width_a_device_only_model_would_refuse():
-    """Under the overlap scheduler with a 12 ms host share, widths whose device time stays under it are free: the
-    widest tree; priced by the device table alone the same draft would buy a narrower one."""
+def test_steps_every_12_ms_whatever_their_width_make_every_width_cost_the_same():
+    """A host-bound server under the overlap scheduler: a step every 12 ms whatever it runs. Once measured, every
+    option is priced at 12 ms and the widest tree (the most expected tokens) wins; priced by the device table alone
+    (nothing measured) the same draft buys a narrower one."""
     table = curve(lambda b, w: 1.0 + 0.3 * w)        # 3.4 ms (chain) .. 10.9 ms (b32)
-    host_bound = policy_of(table, overlapped=True)
-    clock = iter(x * 0.012 for x in range(100))              # a decode step every 12 ms
+    host_bound = policy_of(table, lag=2, overlapped=True, learn=True)
+    clock = iter(x * 0.012 for x in range(1000))              # a decode step every 12 ms
     host_bound.clock = lambda: next(clock)
     device_only = policy_of(table)
     cand = draft(0.5)
-    for p in (host_bound, device_only):
-        run_step(p, cand)
-    assert run_step(host_bound, cand)[0].name == "b32"
-    assert host_bound.host.ms == pytest.approx(12.0)
+    names = [run_step(host_bound, cand)[0].name for _ in range(40)]
+    assert names[-10:] == ["b32"] * 10
+    costs = host_bound.measured.priced(2, host_bound.policy.costs(2))
+    assert costs == pytest.approx([12.0] * 4)
+    run_step(device_only, cand)
     assert run_step(device_only, cand)[0].name != "b32"
 
 
-def test_every_rank_takes_rank_0s_host_share_every_share_every_steps():
+class StepClock:
+    """A server's clock as the policy sees it: the time between two decode steps' starts is the true cost of the
+    step `offset` back (0 without the overlap scheduler; 1 with it: the period waits for the step before)."""
+
+    def __init__(self, true_ms, offset: int = 0):
+        self.true_ms, self.offset, self.now, self.ran = true_ms, offset, 0.0, []
+
+    def __call__(self) -> float:
+        if len(self.ran) > self.offset:
+            self.now += self.true_ms(self.ran[-1 - self.offset]) / 1e3
+        return self.now
+
+    def step(self, policy, cand, bs: int = 2):
+        option, tree = run_step(policy, cand, bs=bs)
+        self.ran.append(option.name)
+        return option, tree
+
+
+# the rank-sized pair's steps at one request (H100, 2026-12-07): the table against what the server's steps took
+RIG_TABLE = CostCurve.from_function(lambda b, w: {1: 3.93, 8: 4.19, 9: 4.66, 17: 4.99, 33: 5.59}[w], BATCHES,
+                                   (1,) + WIDTHS)
+RIG_TRUE = {"none": 5.7, "chain": 12.5, "b8": 14.0, "b16": 15.5, "b32": 17.4}
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_a_table_that_prices_width_as_nearly_free_is_corrected_by_the_measured_steps(lag):
+    """Priced by the table the chain earns most per ms (2.0 tokens for 4.19 ms); measured, no speculation does (1
+    token for 5.7 ms against the chain's 2.0 for 12.5): after each option has run the policy settles on it,
+    re-measuring the others seldom, and its modelled tokens per ms is within 3% of the best option's."""
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, lag, "cpu", lag == 2)
+    clock = StepClock(RIG_TRUE.__getitem__, offset=lag - 1)
+    policy.clock = clock
+    cand = draft(0.5)
+    for _ in range(400):
+        clock.step(policy, cand, bs=1)
+    late = clock.ran[100:]
+    assert late.count("none") / len(late) > 0.85, {n: late.count(n) for n in RIG_TRUE}
+    earned = {o.name: e for o, e in zip(policy.options, policy.latest)}
+    best = max(earned[n] / RIG_TRUE[n] for n in RIG_TRUE)
+    served = sum(earned[n] for n in late) / sum(RIG_TRUE[n] for n in late)
+    assert served >= 0.97 * best
+    ratios = {policy.options[i].name: r for (b, i), r in policy.measured.shared.items() if b == 1}
+    assert ratios["b32"] == pytest.approx(17.4 / 5.59, rel=0.05) and ratios["none"] == pytest.approx(5.7 / 3.93,
+                                                                                                     rel=0.05)
+
+
+def test_with_learning_off_the_table_alone_prices_the_widths():
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False, learn_costs=False)
+    clock = StepClock(RIG_TRUE.__getitem__)
+    policy.clock = clock
+    for _ in range(60):
+        clock.step(policy, draft(0.5), bs=1)
+    assert clock.ran == ["chain"] * 60                   # the table's best (2.0 tokens for 4.19 ms), not the truth's
+    assert policy.measured.shared == {}
+
+
+def test_a_clearly_worse_option_is_re_measured_seldom_and_a_close_one_often():
+    """Every option runs once at a band; then an option scoring s of the best is due every retry / s steps: the
+    chain (0.91 of no speculation's tokens per ms here) about every 70, b32 (0.17: 60 ms a step) about every 380.
+    No refresh steps (refresh_every past the run) so that only the re-measuring runs the others."""
+    true_ms = dict(RIG_TRUE, b32=60.0)
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False)
+    policy.refresh_every = 10_000
+    clock = StepClock(true_ms.__getitem__)
+    policy.clock = clock
+    for _ in range(1000):
+        clock.step(policy, draft(0.5), bs=1)
+    counts = {n: clock.ran.count(n) for n in true_ms}
+    assert counts["none"] > 940
+    assert 10 <= counts["chain"] <= 20, counts
+    assert 2 <= counts["b32"] <= 5, counts
+
+
+def test_a_new_band_runs_each_option_once_then_prices_by_its_own_measurements():
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False)
+    clock = StepClock(RIG_TRUE.__getitem__)
+    policy.clock = clock
+    for _ in range(50):
+        clock.step(policy, draft(0.5), bs=1)
+    before = len(clock.ran)
+    for _ in range(12):
+        clock.step(policy, draft(0.5), bs=8)
+    at_eight = clock.ran[before:]
+    assert set(at_eight) == set(RIG_TRUE)                            # every option run once at the new band
+    assert {policy.options[i].name for (b, i) in policy.measured.shared if b == 4} == set(RIG_TRUE)
+
+
+def test_an_idle_gap_or_a_prefill_between_two_steps_is_not_measured():
+    policy = policy_of(FLAT, learn=True)
+    times = iter([0.0, 0.010, 5.0, 5.010, 5.020])
+    policy.clock = lambda: next(times)
+    cand = draft(0.5)
+    run_step(policy, cand)
+    run_step(policy, cand)                               # 10 ms after the first: measured
+    assert list(policy.measured.local.values()) == [pytest.approx(1.0)]
+    run_step(policy, cand)                               # 4990 ms later: an idle gap
+    assert list(policy.measured.samples.values()) == [1]
+    policy.interrupted()                                 # a prefill ran
+    run_step(policy, cand)
+    assert sum(policy.measured.samples.values()) == 1
+
+
+def test_every_rank_prices_with_rank_0s_ratios_taken_every_share_every_steps():
+    """Two ranks whose clocks disagree choose alike: each prices with what `share` returned (rank 0's), taken
+    every share_every steps, never with its own."""
+    from ddtree.sglang.policy.measured_costs import BANDS
+
+    rank0 = {}
     shared = []
 
-    def share(ms):
-        shared.append(ms)
-        return 4.25
-    policy = policy_of(FLAT, share=share)
-    policy.share_every = 4
-    for _ in range(9):
-        run_step(policy, draft(0.5))
-    assert len(shared) == 2 and policy.host.ms == 4.25
+    def share_of(rank):
+        def share(values):
+            if rank == 0:
+                rank0["values"] = list(values)
+            shared.append(rank)
+            return rank0["values"]
+        return share
+
+    ranks = []
+    for rank, speed in ((0, 1.0), (1, 3.0)):
+        p = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False, share=share_of(rank))
+        p.share_every = 4
+        p.clock = StepClock(lambda n, s=speed: RIG_TRUE[n] * s)
+        ranks.append(p)
+    for _ in range(40):                                  # rank 0 first at each step, as broadcast's source
+        names = [p.clock.step(p, draft(0.5), bs=1)[0].name for p in ranks]
+        assert names[0] == names[1]
+    assert shared.count(0) == shared.count(1) == 10
+    assert len(rank0["values"]) == BANDS * len(ranks[0].options)
+    assert ranks[1].measured.shared == ranks[0].measured.shared != ranks[1].measured.local
 
 
 # --- no speculation as an option -------------------------------------------------------------------------------
@@ -183,7 +289,7 @@ TOKENS = CostCurve.from_function(lambda b, w: 1.0 + 0.02 * b * w, BATCHES, (1,) 
 
 
 def none_policy(cost: CostCurve = TOKENS, lag: int = 1, refresh_every: int = 16):
-    policy = step_policy_for(WITH_NONE, 7, cost, DEPTH, lag, "cpu", False)
+    policy = step_policy_for(WITH_NONE, 7, cost, DEPTH, lag, "cpu", False, learn_costs=False)
     policy.clock = lambda: 0.0
     policy.refresh_every = refresh_every
     return policy
@@ -240,13 +346,15 @@ def test_a_table_without_width_1_leaves_no_speculation_out_and_says_so(caplog):
 
 def test_the_test_beds_steep_table_speculates_at_one_request_and_not_at_two():
     """The GPU test's -steepcost server (testbed/costs-steep.json) must run both kinds of step: a tree at one
-    request, no speculation at 2-8 requests, whatever host share the test bed adds (0 and 5 ms here)."""
+    request, no speculation at 2-8 requests, whatever the test bed's steps take (0 and 5 ms here): the server prices
+    by the table alone (SGLANG_DDTREE_COST_LEARN=0)."""
     from testbed.servers import STEEP_COSTS
 
     for host_ms in (0.0, 5.0):
-        policy = step_policy_for(WITH_NONE, 7, CostTable.read(STEEP_COSTS).curve(), DEPTH, 1, "cpu", False)
-        policy.clock = lambda: 0.0
-        policy.host.ms, policy.host.samples = host_ms, 1
+        policy = step_policy_for(WITH_NONE, 7, CostTable.read(STEEP_COSTS).curve(), DEPTH, 1, "cpu", False,
+                                 learn_costs=False)                    # as servers.py starts it
+        ticks = iter(range(100))
+        policy.clock = lambda: next(ticks) * host_ms / 1e3
         cand = draft(0.6)
         assert run_step(policy, cand, bs=1)[0].name == "chain"             # nothing read back yet
         assert run_step(policy, cand, bs=1)[0].budget > 0
@@ -323,3 +431,30 @@ def test_the_policy_numbers_reach_a_multiprocess_registry(tmp_path, monkeypatch)
     assert 'sglang:ddtree_policy_steps_total{option="b32"} 31.0' in text           # the 32 steps published so far
     assert 'sglang:ddtree_draft_calibration{depth="1"} 1.0' in text                 # nothing learnt: trusted
     assert re.search(r'sglang:ddtree_expected_tokens\{option="b16"\} 2\.1\d*', text)
+
+
+def test_the_measured_corrections_reach_the_registry(tmp_path, monkeypatch):
+    import prometheus_client
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(prometheus_client.values, "ValueClass", prometheus_client.values.get_value_class())
+    from ddtree.sglang.policy import policy_metrics
+
+    for name in ("sglang:ddtree_step_cost_ms", "sglang:ddtree_policy_steps", "sglang:ddtree_expected_tokens",
+                 "sglang:ddtree_draft_calibration", "sglang:ddtree_cost_correction"):   # another test's, if it ran
+        collector = prometheus_client.REGISTRY._names_to_collectors.get(name)
+        if collector is not None:
+            prometheus_client.REGISTRY.unregister(collector)
+    metrics = policy_metrics.PolicyMetrics.create(table(), rank=0, enabled=True)
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False)
+    clock = StepClock(RIG_TRUE.__getitem__)
+    policy.clock = clock
+    for _ in range(policy_metrics.PUBLISH_EVERY + 1):
+        clock.step(policy, draft(0.5), bs=1)
+        metrics.maybe_publish(policy)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+    text = generate_latest(registry).decode()
+    found = re.search(r'sglang:ddtree_cost_correction\{band="1",option="b32"\} ([0-9.]+)', text)
+    assert found and float(found.group(1)) == pytest.approx(17.4 / 5.59, rel=0.05)

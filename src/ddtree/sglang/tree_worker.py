@@ -72,6 +72,7 @@ class DDTreeParts:
     view: StepView | None = None        # what the stages read, built in init_cuda_graphs
     widths: TargetWidths | None = None  # a schedule's narrower verify widths, built in init_cuda_graphs
     cost_table: Path | None = None      # SGLANG_DDTREE_COST_TABLE: a sweep's step costs for `auto`
+    cost_learn: bool = True             # SGLANG_DDTREE_COST_LEARN: the table corrected by the measured steps
     policy: StepPolicy | None = None    # `auto`: the width of each step (step_policy.py), built in init_cuda_graphs
     metrics: PolicyMetrics | None = None  # its numbers on /metrics (rank 0, --enable-metrics)
     eager: EagerPasses = field(default_factory=EagerPasses)
@@ -102,7 +103,7 @@ class DDTreeWorker(DFlashWorkerV2):
             profiler=StepProfiler.from_switches(read, torch.cuda.synchronize) or OFF,
             sync_check=SyncCheck.from_switches(read), diagnostics=diagnostics,
             dump=StepDump(diagnostics.dump_dir, diagnostics.dump_steps) if diagnostics.dump_dir is not None else None,
-            cost_table=read.cost_table)
+            cost_table=read.cost_table, cost_learn=read.cost_learn)
         prewarm_trees(self.ddtree.schedule, vocab, block - 1, self.device)
         announce(diagnostics)
 
@@ -117,7 +118,7 @@ class DDTreeWorker(DFlashWorkerV2):
         parts.widths = target_widths(self, parts.schedule, parts.settings.verify_tokens)
         if parts.schedule.auto:
             table = step_costs(self, parts.widths, parts.cost_table)
-            parts.policy = step_policy(self, parts.schedule, table)
+            parts.policy = step_policy(self, parts.schedule, table, parts.cost_learn)
             parts.metrics = PolicyMetrics.create(table, get_parallel().tp_group.rank_in_group,
                                                  bool(get_observability().enable_metrics))
 

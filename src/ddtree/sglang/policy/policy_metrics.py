@@ -8,7 +8,8 @@ do. TP rank 0 writes (every rank chooses alike); without --enable-metrics nothin
   sglang:ddtree_policy_steps_total{option}      decode steps that ran each option (chain, b8, ...)
   sglang:ddtree_expected_tokens{option}         the draft's expected accepted tokens + 1 per request, last read
   sglang:ddtree_draft_calibration{depth}        observed over predicted acceptance at each depth (1 = calibrated)
-  sglang:ddtree_host_share_ms                   the host's share of a decode step the device table does not explain
+  sglang:ddtree_cost_correction{option, band}   measured step time over the table's, by option and batch band
+                                                (band b: running batches 2^(b-1) .. 2^b - 1), as the policy prices
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class PolicyMetrics:
     steps: object
     expected: object
     calibration: object
-    host_share: object
+    correction: object
     published: dict[str, int] = field(default_factory=dict)     # steps counted so far, by option
 
     @classmethod
@@ -48,8 +49,8 @@ class PolicyMetrics:
                            "option, as last read", ["option"], multiprocess_mode="mostrecent"),
             calibration=Gauge("sglang:ddtree_draft_calibration", "DDTREE draft calibration: observed over predicted "
                               "acceptance by depth", ["depth"], multiprocess_mode="mostrecent"),
-            host_share=Gauge("sglang:ddtree_host_share_ms", "DDTREE host share of a decode step, ms",
-                             multiprocess_mode="mostrecent"))
+            correction=Gauge("sglang:ddtree_cost_correction", "DDTREE measured step time over the table's, by "
+                             "option and batch band", ["option", "band"], multiprocess_mode="mostrecent"))
 
     def maybe_publish(self, policy: StepPolicy) -> None:
         if policy.step % PUBLISH_EVERY:
@@ -63,4 +64,5 @@ class PolicyMetrics:
             self.expected.labels(option=option.name).set(value)
         for depth, value in enumerate(policy.scale):
             self.calibration.labels(depth=str(depth)).set(value)
-        self.host_share.set(policy.host.ms)
+        for (band, index), ratio in sorted(policy.measured.shared.items()):
+            self.correction.labels(option=policy.options[index].name, band=str(band)).set(ratio)

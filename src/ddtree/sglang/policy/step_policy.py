@@ -24,12 +24,13 @@ learn's also per verified width), captured at start-up: eager they are ~40 small
 time at one request on the H200 (2026-12-06), which a host-bound step pays in full; a graph is one launch and three
 input copies.
 
-A step's cost is the measured table's (graph_timing: the draft's pass + the verify at the width, by batch) plus
-the host's share: the time between two decode steps the table does not explain (scheduling, the tree, the verdict;
-a decayed mean). Without the overlap scheduler they add (host + device); with it the device hides the host up to
-max(host, device). Every rank must choose alike: the expectations are computed from the same candidates on every
-rank (their all-gather), the table is rank 0's (shared at start-up), and the host share is rank 0's, shared every
-`share_every` steps through the CPU group (at TP 1 nothing is shared).
+A step's price is the table's (graph_timing: the draft's pass + the verify at the width, by batch) times what the
+server has measured of that option's steps against it (measured_costs: each step's period credited to the step it
+waited for, a ratio per option and batch band; the table alone with SGLANG_DDTREE_COST_LEARN=0). An option not run
+at a band for a while is run once to be measured again (seldom when it scores far below the best). Every rank must
+choose alike: the expectations are computed from the same candidates on every rank (their all-gather), the table is
+rank 0's (shared at start-up), the measured ratios are rank 0's, taken every `share_every` steps through the CPU
+group (at TP 1 this rank's, every step), and the re-measuring follows the choices, which are the same on every rank.
 
 Losslessness does not depend on any of this: every step verifies its tree exactly (ddtree.verify).
 """
@@ -45,40 +46,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ddtree.settings import DDTreeConfigError
+from ddtree.sglang.policy.measured_costs import MeasuredCosts
 from ddtree.tree import build_tree_from_candidates
 from ddtree.types import Candidates, DraftTree
 from ddtree.width_policy import NO_SPECULATION, Calibration, CostCurve, Option, WidthPolicy
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class HostShare:
-    """The host's milliseconds per decode step that the device table does not explain (a decayed mean)."""
-
-    overlapped: bool                 # the overlap scheduler: the device hides the host up to max(host, device)
-    decay: float = 0.9
-    ms: float = 0.0
-    samples: int = 0
-
-    gap_ms: float = 50.0             # a period this much past 3x the device time is an idle gap, not a step
-
-    def update(self, period_ms: float, device_ms: float) -> None:
-        """One step's period (start to next start, nothing else scheduled between) and its modelled device time."""
-        if period_ms > 3 * device_ms + self.gap_ms:
-            return
-        if self.overlapped:
-            if period_ms < 1.15 * device_ms:          # device-bound: the host is at most the period
-                sample = min(self.ms, period_ms) if self.samples else period_ms
-            else:
-                sample = period_ms
-        else:
-            sample = max(0.0, period_ms - device_ms)
-        self.ms = sample if self.samples == 0 else self.decay * self.ms + (1 - self.decay) * sample
-        self.samples += 1
-
-    def step_ms(self, device_ms: float) -> float:
-        return max(self.ms, device_ms) if self.overlapped else self.ms + device_ms
 
 
 @dataclass
@@ -234,11 +207,13 @@ class Choices:
 
 
 class StepPolicy:
-    """The options, their measured step costs, the slots the expectations come back in, the host share."""
+    """The options, their step costs (the table's, corrected by what was measured), the slots the expectations come
+    back in."""
 
     def __init__(self, policy: WidthPolicy, lag: int, device, overlapped: bool,
-                 clock: Callable[[], float] = time.perf_counter, share: Callable[[float], float] | None = None,
-                 share_every: int = 64, refresh_every: int = 16):
+                 clock: Callable[[], float] = time.perf_counter,
+                 share: Callable[[list[float]], list[float]] | None = None, share_every: int = 16,
+                 refresh_every: int = 16, learn_costs: bool = True):
         if lag < 1:
             raise ValueError(f"lag={lag}: the host reads a step's expectations at the earliest one step later")
         if refresh_every < 1:
@@ -248,9 +223,10 @@ class StepPolicy:
         self.policy = policy
         self.lag = lag
         self.device = device
-        self.host = HostShare(overlapped)
+        self.overlapped = overlapped
+        self.measured = MeasuredCosts(len(policy.options), offset=lag - 1, learn=learn_costs)
         self.clock = clock
-        self.share = share                         # rank 0's host share for every rank (None at TP 1)
+        self.share = share                         # rank 0's measured ratios for every rank (None at TP 1)
         self.share_every = share_every
         self.chain = next((i for i, o in enumerate(policy.options) if o.name == "chain"), 0)
         trees = [o for o in policy.options if o.is_tree]
@@ -264,7 +240,6 @@ class StepPolicy:
         self.scale: list[float] = []                           # the draft's calibration then, by depth
         self.step = 0                                          # decode steps so far
         self.choices = Choices()
-        self._last: tuple[float, float] | None = None          # (start, modelled device ms) of the previous step
         self.graphs: PolicyGraphs | None = None                # capture(): observe and learn as CUDA graphs
         self._costs: dict[int, list[float]] = {}              # the table's device ms by option, by running batch
 
@@ -276,30 +251,30 @@ class StepPolicy:
 
     def interrupted(self) -> None:
         """A prefill or idle step ran: the next decode step's period would include it."""
-        self._last = None
+        self.measured.interrupted()
 
     def choose(self, bs: int, speculate: bool = False) -> Option:
         """This step's option for a running batch of `bs` (host work only). speculate: no step without speculation
         (a batch with a grammar)."""
         now = self.clock()
         self._read_back()
-        if self._last is not None:
-            start, device_ms = self._last
-            self.host.update((now - start) * 1e3, device_ms)
-        if self.step and self.share is not None and self.step % self.share_every == 0:
-            self.host.ms = self.share(self.host.ms)
-        costs = self._costs.get(bs)                                                        # device ms by option
-        if costs is None:
-            costs = self._costs[bs] = self.policy.costs(bs)
+        if self.share is None or self.step % self.share_every == 0:
+            self.measured.publish(self.share)
+        table = self._costs.get(bs)                                                        # device ms by option
+        if table is None:
+            table = self._costs[bs] = self.policy.costs(bs)
+        prices = self.measured.priced(bs, table)
         if not self.latest:
             index = self.chain
         else:
-            score = [e / self.host.step_ms(c) for e, c in zip(self.latest, costs)]
+            score = [e / c for e, c in zip(self.latest, prices)]
             allowed = [i for i, o in enumerate(self.options)
                        if o.speculates or not (speculate or self.unspeculated >= self.refresh_every)]
-            index = max(allowed, key=score.__getitem__)
+            index = self.measured.due(bs, self.step, score, allowed)
+            if index is None:
+                index = max(allowed, key=score.__getitem__)
         self.unspeculated = 0 if self.options[index].speculates else self.unspeculated + 1
-        self._last = (now, costs[index])
+        self.measured.started(now, bs, index, table[index], prices[index], self.step)
         option = self.options[index]
         self.choices.add(option)
         self.step += 1
@@ -367,7 +342,7 @@ def option_of(budget: int, cap: int, chain_budget: int | None) -> Option:
 
 
 def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | None, curve: CostCurve, depth: int,
-                    lag: int, device, overlapped: bool, share=None) -> StepPolicy:
+                    lag: int, device, overlapped: bool, share=None, learn_costs: bool = True) -> StepPolicy:
     """The StepPolicy of a width schedule's choices ((budget, cap) pairs; the chain's is (chain_budget, 1), no
     speculation's (0, 1)). A measured table without width 1 (a sweep's from before no speculation was an option)
     leaves no speculation out, and says so."""
@@ -383,4 +358,4 @@ def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | No
         raise DDTreeConfigError(f"the step costs cannot price every width of the width policy: {e}; a table in "
                                 "SGLANG_DDTREE_COST_TABLE must hold each width (budget + 1 for each tree, the draft's "
                                 "block for the chain, 1 for no speculation) at one batch size at least") from None
-    return StepPolicy(policy, lag, device, overlapped, share=share)
+    return StepPolicy(policy, lag, device, overlapped, share=share, learn_costs=learn_costs)

@@ -138,28 +138,31 @@ def step_costs(worker, widths: TargetWidths | None, table_file) -> CostTable:
     return table
 
 
-def host_share_across_ranks():
-    """Rank 0's host share for every rank, through the TP group's CPU group (None at TP 1: nothing to share)."""
+def ratios_across_ranks():
+    """Rank 0's measured cost ratios for every rank (measured_costs.MeasuredCosts.vector: a fixed-length list, NaN
+    where nothing was measured), through the TP group's CPU group; None at TP 1 (nothing to share)."""
     tp = get_parallel().tp_group
     if int(tp.world_size) <= 1:
         return None
 
-    def share(ms: float) -> float:
-        value = torch.tensor([ms], dtype=torch.float64)
-        torch.distributed.broadcast(value, src=tp.ranks[0], group=tp.cpu_group)
-        return float(value[0])
+    def share(values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        torch.distributed.broadcast(tensor, src=tp.ranks[0], group=tp.cpu_group)
+        return tensor.tolist()
     return share
 
 
-def step_policy(worker, schedule: WidthSchedule, table: CostTable) -> StepPolicy:
-    """The width policy over the schedule's choices, priced by `table` (lag 2 under the overlap scheduler, 1
-    without: step_policy.py says why)."""
+def step_policy(worker, schedule: WidthSchedule, table: CostTable, learn_costs: bool = True) -> StepPolicy:
+    """The width policy over the schedule's choices, priced by `table` corrected by the steps it measures unless
+    learn_costs is off (SGLANG_DDTREE_COST_LEARN); lag 2 under the overlap scheduler, 1 without: step_policy.py says
+    why."""
     overlapped = not get_schedule().disable_overlap_schedule
     policy = step_policy_for(schedule.choices(), schedule.chain, table.curve(), depth=worker.block_size - 1,
                              lag=2 if overlapped else 1, device=worker.device, overlapped=overlapped,
-                             share=host_share_across_ranks())
-    logger.info("DDTREE width policy: %s, lag %d step(s)%s", ", ".join(o.name for o in policy.options), policy.lag,
-                " (overlap scheduler)" if overlapped else "")
+                             share=ratios_across_ranks(), learn_costs=learn_costs)
+    logger.info("DDTREE width policy: %s, lag %d step(s)%s, priced by %s", ", ".join(o.name for o in policy.options),
+                policy.lag, " (overlap scheduler)" if overlapped else "",
+                "the table x the measured steps" if learn_costs else "the table alone (SGLANG_DDTREE_COST_LEARN=0)")
     if torch.device(worker.device).type == "cuda":
         capture_policy_graphs(policy, get_exec().graph.cuda_graph_config.decode.bs or [max_running()])
     return policy
