@@ -147,12 +147,13 @@ test-sandbox-lane: venv sandbox
 
 # The sandbox tests `make test` leaves out for its time budget (marked `extended`, ~40 min on 2 cores):
 # the key rotation behind the gateway, a host lost mid-roll, the first or the second host failing its smoke, a rollback
-# taking its host out of the pool, the release story (failed build, failed smoke, pruning), an interrupted
+# or a sweep taking its host out of the pool, the release story (failed build, failed smoke, pruning), an interrupted
 # sweep repaired and a deploy after one, alerts reaching the receiver, the NCCL P2P switch, the driver
 # install, a deploy into moved folders rolled back, a server frozen with SIGSTOP paging, a silent load stopped by
 # the stall timeout, validate failing on a broken accepted path, TLS on the gateway. Their claims have a sibling in make test (key rotation
-# on one host, a first host failing its checks, a sweep taking its host out of the pool, a config that cannot start
-# rolled back, the crash sample, ...);
+# on one host, a first host failing its checks, the rolling deploy draining each host with no failed request and the
+# static checks of where sweep.yml and rollback.yml drain theirs, a config that cannot start rolled back, the crash
+# sample, ...);
 # run this before a release and after changing roles or playbooks.
 test-sandbox-extended: venv sandbox
 	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -m extended -p no:cacheprovider --durations=15 $(PYTEST_ARGS)

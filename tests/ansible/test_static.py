@@ -553,3 +553,49 @@ def test_a_roll_changes_one_host_at_a_time_and_stops_at_the_first_that_fails(pla
     serial = jinja2.Environment().from_string(str(play["serial"])).render()           # k26_serial unset
     assert serial == "1", f"{playbook}: serial {play['serial']!r} renders {serial!r} without k26_serial"
     assert play.get("max_fail_percentage") == 0, f"{playbook}: a failed host must stop the roll"
+
+
+def include_of(task: dict) -> tuple[str, str] | None:
+    """(role, tasks_from) of an include_role task, else None."""
+    inc = task.get("ansible.builtin.include_role")
+    return (inc["name"], inc.get("tasks_from", "main")) if inc else None
+
+
+def test_a_sweep_takes_its_host_out_of_the_pool_under_the_fleet_lock_and_puts_it_back_after_the_restore():
+    """What tests/infra/test_fleet.py's extended test shows live (a sweep behind the gateway fails no request), held
+    here by sweep.yml's own tasks: the gateway role's take_out - the tasks the live rolling deploy drains with, no
+    request failing - right after the fleet lock and before the first configuration runs; its put_back in the
+    restore's block (the `always` of the sweep), after the original is restored; both only with k26_gateway_pool."""
+    [play] = [p for p in yaml.safe_load((ROOT / "playbooks/sweep.yml").read_text())
+              if p.get("name") == "Sweep k26-ddtree configurations"]
+    [sweep] = [t for t in play["tasks"] if t.get("name", "").startswith("Sweep under the lock")]
+    names = [t.get("name", "") for t in sweep["block"]]
+    includes = [include_of(t) for t in sweep["block"]]
+    lock = next(i for i, t in enumerate(sweep["block"])
+                if t.get("ansible.builtin.include_tasks", {}).get("file") == "tasks/fleet_lock_take.yml")
+    out = includes.index(("gateway", "take_out"))
+    first_run = next(i for i, n in enumerate(names) if n.startswith("Run each configuration"))
+    assert lock < out < first_run, names
+    assert sweep["block"][out]["when"] == "k26_gateway_pool | bool"
+    [restore] = [t for t in sweep["always"] if "block" in t]
+    after = [include_of(t) for t in restore["block"]]
+    assert after.index(("rollback", "restore")) < after.index(("gateway", "put_back")), after
+    assert restore["block"][after.index(("gateway", "put_back"))]["when"] == "k26_gateway_pool | bool"
+    assert re.search(r"name: gateway\s+tasks_from: take_out", (ROOT / "playbooks/deploy.yml").read_text())
+
+
+def test_a_rollback_takes_its_host_out_of_the_pool_under_the_fleet_lock_and_puts_it_back_either_way():
+    """What tests/infra/test_fleet.py's extended rollback test shows live, held by rollback.yml's own tasks: the
+    gateway's take_out right after the fleet lock and before the snapshot is restored; put_back after the restored
+    service is proven healthy, and in the rescue after what ran before is put back (the host never left out)."""
+    [play] = [p for p in yaml.safe_load((ROOT / "playbooks/rollback.yml").read_text())
+              if p.get("name") == "Roll k26-ddtree back to a snapshot"]
+    [roll] = [t for t in play["tasks"] if t.get("name", "").startswith("Restore under the lock")]
+    block = [include_of(t) for t in roll["block"]]
+    lock = next(i for i, t in enumerate(roll["block"])
+                if t.get("ansible.builtin.include_tasks", {}).get("file") == "tasks/fleet_lock_take.yml")
+    assert lock < block.index(("gateway", "take_out")) < block.index(("rollback", "restore_snapshot")), block
+    assert block.index(("rollback", "restore_snapshot")) < block.index(("verify", "main")) \
+        < block.index(("gateway", "put_back")), block
+    rescue = [include_of(t) for t in roll["rescue"]]
+    assert rescue.index(("rollback", "restore")) < rescue.index(("gateway", "put_back")), rescue

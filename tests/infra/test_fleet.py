@@ -211,6 +211,7 @@ def test_a_host_stopped_by_hand_leaves_rotation_within_the_health_checks_and_ret
     assert back < 120
 
 
+@pytest.mark.extended     # make test's time: sweep.yml's take-out and put-back are held by tests/ansible/test_static.py
 def test_a_sweep_takes_its_host_out_of_the_pool_and_puts_it_back(fleet, tmp_path):
     one = json.dumps({"sweep_budgets": [4], "sweep_topk_caps": [4], "sweep_references": [],
                       "sweep_temperatures": [0.0], "sweep_max_tokens": 8, "sweep_results_root": str(tmp_path)})
