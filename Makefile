@@ -159,8 +159,9 @@ test-sandbox-extended: venv sandbox
 	$(ANSIBLE_ENV) $(PY) -m pytest tests/infra -m extended -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 
 # The CPU tests make test leaves out for its time budget (marked `extended`, about 4 minutes in the CPU lane):
-# training/draft_session.sh end to end, the block-16 draft trainings of speed_sweep.sh and put_draft.sh. Their
-# stages have siblings in make test (the block-8 trainings on a kept target, a draft put over its target).
+# training/draft_session.sh end to end, the block-16 draft trainings of speed_sweep.sh and put_draft.sh, a training
+# snapshot put over its target and trained on. Their stages have siblings in make test (the block-8 trainings on a
+# kept target, a draft put over its target, a snapshot packed like a draft, a draft trained on from an earlier one).
 test-cpu-extended: venv
 	$(ANSIBLE_ENV) $(PY) -m pytest tests --ignore=tests/infra --ignore=tests/sglang -m extended -p no:cacheprovider \
 		--durations=15 $(PYTEST_ARGS)

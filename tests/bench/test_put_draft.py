@@ -85,6 +85,8 @@ def test_a_missing_part_or_a_used_folder_writes_nothing(tmp_path, carried):
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.extended   # make test-cpu-extended (44-61 s); make test: test_snapshots.py (a snapshot packs like a draft),
+#                         the draft put over its target above, and a training on from a draft (test_bench_smoke.py)
 def test_a_snapshot_brought_back_goes_over_its_target_and_is_trained_on(tmp_path, carried):
     """A machine taken back mid-training: the last snapshot (speed_sweep.sh snapshot) is put over the pair like a
     finished draft, and the next session's training starts from its (bf16) weights."""
