@@ -155,7 +155,7 @@ class MeasuredCosts:
         """The ratios the policy prices with from now on: this rank's (share None: TP 1) or what `share` returns
         (rank 0's, at TP > 1)."""
         if share is None:
-            self.shared = dict(self.local)
+            self.shared = self.local           # TP 1: this rank's own, no copy a step
             return
         got = share(self.vector())
         if len(got) != BANDS * self.options:

@@ -223,7 +223,6 @@ class StepPolicy:
         self.policy = policy
         self.lag = lag
         self.device = device
-        self.overlapped = overlapped               # kept for callers; the credit offset comes from lag
         self.measured = MeasuredCosts(len(policy.options), offset=lag - 1, learn=learn_costs)
         self.clock = clock
         self.share = share                         # rank 0's measured ratios for every rank (None at TP 1)
