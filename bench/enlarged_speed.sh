@@ -9,7 +9,8 @@
 #    server fills an H100) into $BIG (/dev/shm/big);
 # 3. bench/sglang_speed.py --phase fixed --one-at-a-time: each of CONFIGS started alone in each overlap mode of MODES,
 #    driven at LOADS with MAX_NEW tokens an answer, the slower of two passes, stopped before the next.
-# Results: $OUT/results.json after every row (a machine taken back keeps what came before), table.md, logs.tgz.
+# Results: $OUT/results.json after every row (a machine taken back keeps what came before), table.md, logs.tgz (the
+# server logs, and metrics/CONFIG-LOAD.prom: its sglang:ddtree_* lines after each row).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -27,6 +28,6 @@ python3 -m bench.sglang_speed --pair "$BIG" --prompts "$ROOT/pair/heldout_prompt
   --train-prompts "$ROOT/pair/train_prompts.json" --out "$OUT" --phase fixed --one-at-a-time --no-profile \
   --configs "$CONFIGS" --modes "${MODES:-off}" --loads "${LOADS:-1,8,32}" --max-new-tokens "${MAX_NEW:-96}"
 rc=$?
-tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$OUT" logs metrics 2>/dev/null
 echo "[speed] done after $(( $(date +%s) - t0 )) s (rc $rc)"
 exit $rc

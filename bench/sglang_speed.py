@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -508,6 +509,19 @@ def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], pro
             fleet.stop(cfg.name)
 
 
+def save_ddtree_metrics(scrape: Callable[[], str], path: Path) -> None:
+    """A server's sglang:ddtree_* lines (`scrape`: its /metrics text) after a row - cumulative: the width policy's
+    steps per option, its cost corrections, the draft's calibration - so a row's choices can be read beside its
+    speed; a scrape that fails is said and skipped."""
+    try:
+        lines = [line for line in scrape().splitlines() if line.startswith("sglang:ddtree")]
+    except OSError as err:
+        print(f"metrics of {path.stem} not read: {err}", flush=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
 def measure_config(server: servers.Server, cfg: servers.ServerConfig, prompts: dict[int, list[list[int]]],
                    loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path,
                    references: dict[str, list[list[int]]]) -> None:
@@ -527,6 +541,7 @@ def measure_config(server: servers.Server, cfg: servers.ServerConfig, prompts: d
         rows.append(row)
         say_row(row)
         save_rows(rows, out)
+        save_ddtree_metrics(server.metrics, out / "metrics" / f"{cfg.name}-{load}.prom")
 
 
 def measure_schedule(fleet: servers.Fleet, schedule: WidthSchedule, overlap: bool, prompts: dict[int, list[list[int]]],

@@ -10,6 +10,7 @@
 #    equal to NONE with the policy on, plain and overlap, and on the -steepcost server whose made-up table makes
 #    both kinds of step run, the sampling test; the kimi-allexp pair is enlarged meanwhile (CPU and memory);
 # 2. bench/enlarged_speed.sh on the enlarged pair (issue 69 item 4 and issue 70 item 4): CONFIGS in MODES at LOADS.
+# POLICY_K narrows step 1 to the tests pytest -k selects (with POLICY_SERVERS: the servers they need).
 # Results: $OUT/policy/ (step 1: results, logs) and $OUT (step 2: results.json, table.md, logs.tgz).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +28,7 @@ t0=$(date +%s)
 enlarging=$!
 OUTDIR="$OUT/policy" \
 SGLANG_DDTREE_START=${POLICY_SERVERS:-none,ddtree-auto-c8-graphs,ddtree-auto-c8-graphs-overlap,ddtree-auto-c8-graphs-steepcost} \
-  testbed/run.sh tests/gpu_sglang/test_width_policy.py
+  testbed/run.sh tests/gpu_sglang/test_width_policy.py ${POLICY_K:+-k "$POLICY_K"}
 echo "[policy] width policy tests rc $? after $(( $(date +%s) - t0 )) s"
 tar czf "$OUT/policy-logs.tgz" -C "$OUT/policy" . 2>/dev/null
 wait "$enlarging"

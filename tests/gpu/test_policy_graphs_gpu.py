@@ -22,8 +22,8 @@ RUNNING = [1, 3, 8, 5, 2, 8, 7, 1, 4, 6]      # running batches, most padded to 
 
 def policies():
     curve = CostCurve.from_function(lambda b, w: 1.0 + 0.01 * w, SIZES, WIDTHS)
-    eager = step_policy_for(CHOICES, 7, curve, DEPTH, 1, "cuda", False)
-    graphed = step_policy_for(CHOICES, 7, curve, DEPTH, 1, "cuda", False)
+    eager = step_policy_for(CHOICES, 7, curve, DEPTH, 1, "cuda")
+    graphed = step_policy_for(CHOICES, 7, curve, DEPTH, 1, "cuda")
     graphed.capture(SIZES)
     return eager, graphed
 

@@ -333,3 +333,32 @@ def test_the_width_policy_is_held_to_the_best_of_every_fixed_setting_within_the_
     names = [c.name for c in speed.fixed_configs((8, 32), (False,), (7, 1), auto=(8, 32))]
     assert names[-1] == "ddtree-auto_8_32-c8-graphs-bs48"
     assert speed.servers.config(names[-1]).budget == "auto:8,32"
+
+
+def test_a_rows_ddtree_metrics_are_kept_from_real_http_and_a_failed_scrape_is_skipped(tmp_path, capsys):
+    """After each row the bench keeps the server's sglang:ddtree_* lines (which widths the policy ran); here from a
+    /metrics file served over loopback HTTP, then from the same server stopped."""
+    import urllib.request
+
+    from tests.file_source import Source
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "metrics").write_text(
+        "# HELP sglang:ddtree_policy_steps_total steps\n"
+        'sglang:ddtree_policy_steps_total{option="none"} 12.0\n'
+        "sglang:num_running_reqs 3.0\n"
+        'sglang:ddtree_cost_correction{option="b32",band="1"} 3.1\n')
+    source = Source(tmp_path / "site").start()
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"{source.url}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    kept = tmp_path / "out" / "metrics" / "auto-8.prom"
+    speed.save_ddtree_metrics(scrape, kept)
+    assert kept.read_text().splitlines() == ['sglang:ddtree_policy_steps_total{option="none"} 12.0',
+                                             'sglang:ddtree_cost_correction{option="b32",band="1"} 3.1']
+    source.stop()
+    gone = tmp_path / "out" / "metrics" / "auto-16.prom"
+    speed.save_ddtree_metrics(scrape, gone)
+    assert not gone.exists() and "metrics of auto-16 not read" in capsys.readouterr().out

@@ -48,11 +48,11 @@ STEEP = curve(lambda b, w: 1.0 + 0.5 * w)        # a wide tree costs far more th
 FLAT = curve(lambda b, w: 10.0)                  # width is free
 
 
-def policy_of(cost: CostCurve, lag: int = 1, overlapped: bool = False, share=None, learn: bool = False):
+def policy_of(cost: CostCurve, lag: int = 1, share=None, learn: bool = False):
     """The policy priced by the curve alone (learn off; the tests of learning below turn it on) with a clock that
     stands still (with the wall clock a slow or loaded CI machine measured time between the test's steps, which
     made a wide tree cheaper relative to its device cost; CI on 5b314bc picked b8 under STEEP)."""
-    policy = step_policy_for(CHOICES, 7, cost, DEPTH, lag, "cpu", overlapped, share=share, learn_costs=learn)
+    policy = step_policy_for(CHOICES, 7, cost, DEPTH, lag, "cpu", share=share, learn_costs=learn)
     policy.clock = lambda: 0.0
     return policy
 
@@ -137,7 +137,7 @@ def test_steps_every_12_ms_whatever_their_width_make_every_width_cost_the_same()
     option is priced at 12 ms and the widest tree (the most expected tokens) wins; priced by the device table alone
     (nothing measured) the same draft buys a narrower one."""
     table = curve(lambda b, w: 1.0 + 0.3 * w)        # 3.4 ms (chain) .. 10.9 ms (b32)
-    host_bound = policy_of(table, lag=2, overlapped=True, learn=True)
+    host_bound = policy_of(table, lag=2, learn=True)
     clock = iter(x * 0.012 for x in range(1000))              # a decode step every 12 ms
     host_bound.clock = lambda: next(clock)
     device_only = policy_of(table)
@@ -179,7 +179,7 @@ def test_a_table_that_prices_width_as_nearly_free_is_corrected_by_the_measured_s
     """Priced by the table the chain earns most per ms (2.0 tokens for 4.19 ms); measured, no speculation does (1
     token for 5.7 ms against the chain's 2.0 for 12.5): after each option has run the policy settles on it,
     re-measuring the others seldom, and its modelled tokens per ms is within 3% of the best option's."""
-    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, lag, "cpu", lag == 2)
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, lag, "cpu")
     clock = StepClock(RIG_TRUE.__getitem__, offset=lag - 1)
     policy.clock = clock
     cand = draft(0.5)
@@ -197,7 +197,7 @@ def test_a_table_that_prices_width_as_nearly_free_is_corrected_by_the_measured_s
 
 
 def test_with_learning_off_the_table_alone_prices_the_widths():
-    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False, learn_costs=False)
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", learn_costs=False)
     clock = StepClock(RIG_TRUE.__getitem__)
     policy.clock = clock
     for _ in range(60):
@@ -211,7 +211,7 @@ def test_a_clearly_worse_option_is_re_measured_seldom_and_a_close_one_often():
     chain (0.91 of no speculation's tokens per ms here) about every 70, b32 (0.17: 60 ms a step) about every 380.
     No refresh steps (refresh_every past the run) so that only the re-measuring runs the others."""
     true_ms = dict(RIG_TRUE, b32=60.0)
-    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False)
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu")
     policy.refresh_every = 10_000
     clock = StepClock(true_ms.__getitem__)
     policy.clock = clock
@@ -224,7 +224,7 @@ def test_a_clearly_worse_option_is_re_measured_seldom_and_a_close_one_often():
 
 
 def test_a_new_band_runs_each_option_once_then_prices_by_its_own_measurements():
-    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False)
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu")
     clock = StepClock(RIG_TRUE.__getitem__)
     policy.clock = clock
     for _ in range(50):
@@ -270,7 +270,7 @@ def test_every_rank_prices_with_rank_0s_ratios_taken_every_share_every_steps():
 
     ranks = []
     for rank, speed in ((0, 1.0), (1, 3.0)):
-        p = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False, share=share_of(rank))
+        p = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", share=share_of(rank))
         p.share_every = 4
         p.clock = StepClock(lambda n, s=speed: RIG_TRUE[n] * s)
         ranks.append(p)
@@ -289,7 +289,7 @@ TOKENS = CostCurve.from_function(lambda b, w: 1.0 + 0.02 * b * w, BATCHES, (1,) 
 
 
 def none_policy(cost: CostCurve = TOKENS, lag: int = 1, refresh_every: int = 16):
-    policy = step_policy_for(WITH_NONE, 7, cost, DEPTH, lag, "cpu", False, learn_costs=False)
+    policy = step_policy_for(WITH_NONE, 7, cost, DEPTH, lag, "cpu", learn_costs=False)
     policy.clock = lambda: 0.0
     policy.refresh_every = refresh_every
     return policy
@@ -339,7 +339,7 @@ def test_a_step_without_speculation_costs_the_verify_alone():
 
 def test_a_table_without_width_1_leaves_no_speculation_out_and_says_so(caplog):
     caplog.set_level("WARNING")
-    policy = step_policy_for(WITH_NONE, 7, STEEP, DEPTH, 1, "cpu", False)
+    policy = step_policy_for(WITH_NONE, 7, STEEP, DEPTH, 1, "cpu")
     assert "none" not in [o.name for o in policy.options]
     assert "no width 1" in caplog.text
 
@@ -351,7 +351,7 @@ def test_the_test_beds_steep_table_speculates_at_one_request_and_not_at_two():
     from testbed.servers import STEEP_COSTS
 
     for host_ms in (0.0, 5.0):
-        policy = step_policy_for(WITH_NONE, 7, CostTable.read(STEEP_COSTS).curve(), DEPTH, 1, "cpu", False,
+        policy = step_policy_for(WITH_NONE, 7, CostTable.read(STEEP_COSTS).curve(), DEPTH, 1, "cpu",
                                  learn_costs=False)                    # as servers.py starts it
         ticks = iter(range(100))
         policy.clock = lambda: next(ticks) * host_ms / 1e3
@@ -402,7 +402,7 @@ def test_a_table_round_trips_through_json_and_a_bad_file_is_named(tmp_path):
 def test_a_policy_refuses_a_table_that_cannot_price_one_of_its_widths():
     partial = CostTable({(1, 9): 1.0, (1, 17): 2.0})
     with pytest.raises(DDTreeConfigError, match=r"width=33.*no cost measured at this width"):
-        step_policy_for(((8, 8), (32, 8)), None, partial.curve(), DEPTH, 1, "cpu", False)
+        step_policy_for(((8, 8), (32, 8)), None, partial.curve(), DEPTH, 1, "cpu")
     assert math.isclose(partial.step_ms(1, 9), 1.0)
 
 
@@ -447,7 +447,7 @@ def test_the_measured_corrections_reach_the_registry(tmp_path, monkeypatch):
         if collector is not None:
             prometheus_client.REGISTRY.unregister(collector)
     metrics = policy_metrics.PolicyMetrics.create(table(), rank=0, enabled=True)
-    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu", False)
+    policy = step_policy_for(((0, 1),) + CHOICES, 7, RIG_TABLE, DEPTH, 1, "cpu")
     clock = StepClock(RIG_TRUE.__getitem__)
     policy.clock = clock
     for _ in range(policy_metrics.PUBLISH_EVERY + 1):

@@ -210,7 +210,7 @@ class StepPolicy:
     """The options, their step costs (the table's, corrected by what was measured), the slots the expectations come
     back in."""
 
-    def __init__(self, policy: WidthPolicy, lag: int, device, overlapped: bool,
+    def __init__(self, policy: WidthPolicy, lag: int, device, *,
                  clock: Callable[[], float] = time.perf_counter,
                  share: Callable[[list[float]], list[float]] | None = None, share_every: int = 16,
                  refresh_every: int = 16, learn_costs: bool = True):
@@ -341,7 +341,7 @@ def option_of(budget: int, cap: int, chain_budget: int | None) -> Option:
 
 
 def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | None, curve: CostCurve, depth: int,
-                    lag: int, device, overlapped: bool, share=None, learn_costs: bool = True) -> StepPolicy:
+                    lag: int, device, *, share=None, learn_costs: bool = True) -> StepPolicy:
     """The StepPolicy of a width schedule's choices ((budget, cap) pairs; the chain's is (chain_budget, 1), no
     speculation's (0, 1)). A measured table without width 1 (a sweep's from before no speculation was an option)
     leaves no speculation out, and says so."""
@@ -357,4 +357,4 @@ def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | No
         raise DDTreeConfigError(f"the step costs cannot price every width of the width policy: {e}; a table in "
                                 "SGLANG_DDTREE_COST_TABLE must hold each width (budget + 1 for each tree, the draft's "
                                 "block for the chain, 1 for no speculation) at one batch size at least") from None
-    return StepPolicy(policy, lag, device, overlapped, share=share, learn_costs=learn_costs)
+    return StepPolicy(policy, lag, device, share=share, learn_costs=learn_costs)

@@ -158,7 +158,7 @@ def step_policy(worker, schedule: WidthSchedule, table: CostTable, learn_costs: 
     why."""
     overlapped = not get_schedule().disable_overlap_schedule
     policy = step_policy_for(schedule.choices(), schedule.chain, table.curve(), depth=worker.block_size - 1,
-                             lag=2 if overlapped else 1, device=worker.device, overlapped=overlapped,
+                             lag=2 if overlapped else 1, device=worker.device,
                              share=ratios_across_ranks(), learn_costs=learn_costs)
     logger.info("DDTREE width policy: %s, lag %d step(s)%s, priced by %s", ", ".join(o.name for o in policy.options),
                 policy.lag, " (overlap scheduler)" if overlapped else "",
