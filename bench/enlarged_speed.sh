@@ -8,7 +8,8 @@
 # 2. enlarges it to one TP-8 rank's widths with EXTRA_LAYERS extra MoE layers (default 24: 32 layers, ~40 GB - one
 #    server fills an H100) into $BIG (/dev/shm/big);
 # 3. bench/sglang_speed.py --phase fixed --one-at-a-time: each of CONFIGS started alone in each overlap mode of MODES,
-#    driven at LOADS with MAX_NEW tokens an answer, the slower of two passes, stopped before the next.
+#    driven at LOADS with MAX_NEW tokens an answer, the slower of two passes, stopped before the next; each of TRACE
+#    (names as CONFIGS) also traced at one request (bench/trace_steps.py's table in traces/NAME.md).
 # Results: $OUT/results.json after every row (a machine taken back keeps what came before), table.md, logs.tgz (the
 # server logs, and metrics/CONFIG-LOAD.prom: its sglang:ddtree_* lines after each row).
 set -u
@@ -26,8 +27,9 @@ enlarged_copy "$BIG" "${EXTRA_LAYERS:-24}" || exit 1
 echo "[speed] pair and its enlarged copy ready after $(( $(date +%s) - t0 )) s"
 python3 -m bench.sglang_speed --pair "$BIG" --prompts "$ROOT/pair/heldout_prompts.json" \
   --train-prompts "$ROOT/pair/train_prompts.json" --out "$OUT" --phase fixed --one-at-a-time --no-profile \
-  --configs "$CONFIGS" --modes "${MODES:-off}" --loads "${LOADS:-1,8,32}" --max-new-tokens "${MAX_NEW:-96}"
+  --configs "$CONFIGS" --modes "${MODES:-off}" --loads "${LOADS:-1,8,32}" --max-new-tokens "${MAX_NEW:-96}" \
+  --trace "${TRACE:-}"
 rc=$?
-tar czf "$OUT/logs.tgz" -C "$OUT" logs metrics 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$OUT" logs metrics traces 2>/dev/null
 echo "[speed] done after $(( $(date +%s) - t0 )) s (rc $rc)"
 exit $rc

@@ -46,12 +46,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from bench import sglang_e2e as e2e
+from bench import trace_steps
 from testbed import servers
 
 from ddtree.settings import DDTreeConfigError, WidthSchedule, parse_schedule
@@ -62,6 +65,9 @@ CAP = 8
 CHAIN = (7, 1)      # budget block - 1, cap 1: DFlash's chain of a block-8 draft (chain_of: the pair's own)
 MAX_BS = 48
 OVERLAP = "-overlap"
+TRACE_STEPS = 16    # --trace: decode steps in one trace (one request, after it started decoding)
+TRACE_TOKENS = 512  # its answer: long enough to be decoding all through the profile
+TRACE_KEEP_MB = 12  # a trace at most this large is kept beside its table
 
 
 # --- prompts ----------------------------------------------------------------------------------------------
@@ -494,7 +500,8 @@ def start_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], timeo
 
 def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], prompts: dict[int, list[list[int]]],
                   loads: tuple[int, ...], max_new_tokens: int, rows: list[SpeedRow], out: Path,
-                  timeout: float, references: dict[str, list[list[int]]], one_at_a_time: bool = False) -> None:
+                  timeout: float, references: dict[str, list[list[int]]], one_at_a_time: bool = False,
+                  traced: frozenset[str] = frozenset()) -> None:
     """Start `configs` together (with `one_at_a_time`: each alone, stopped after its rows - a pair whose one server
     fills the GPU, issue 69's enlarged pair), then measure them one at a time at every load (NONE's outputs, per
     overlap mode and load, go to `references` for the later rows' temperature-0 comparison); rows are appended and
@@ -505,8 +512,32 @@ def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], pro
             ready.update(start_fleet(fleet, [cfg], timeout))
         if ready.get(cfg.name):
             measure_config(fleet.servers[cfg.name], cfg, prompts, loads, max_new_tokens, rows, out, references)
+            if cfg.name in traced:
+                trace_config(fleet.servers[cfg.name], prompts[min(loads)][0], out / "traces")
         if one_at_a_time:
             fleet.stop(cfg.name)
+
+
+def trace_config(server: servers.Server, prompt: list[int], outdir: Path) -> None:
+    """One request's TRACE_STEPS decode steps under SGLang's torch profiler, taken once it decodes: bench/trace_steps.py's
+    table in outdir/NAME.md, the trace itself (rank 0's) beside it when under TRACE_KEEP_MB (the profiler writes it to
+    the temporary folder first). A trace that fails is said and the bench goes on."""
+    name = server.config.name
+    raw = Path(tempfile.gettempdir()) / "ddtree-traces" / name
+    try:
+        files = server.torch_trace(raw, prompt, servers.greedy(TRACE_TOKENS), TRACE_STEPS, decoding_after=0.5)
+        rank0 = [f for f in files if "TP-0" in f.name] or files
+        if not rank0:
+            raise OSError("the profiler wrote no trace")
+        text = trace_steps.table(trace_steps.summarize(trace_steps.read_events(rank0[0])), TRACE_STEPS)
+    except (OSError, ValueError) as err:
+        print(f"{name}: no trace ({type(err).__name__}: {err})", flush=True)
+        return
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / f"{name}.md").write_text(text + "\n")
+    if rank0[0].stat().st_size < TRACE_KEEP_MB * 1048576:
+        shutil.copy(rank0[0], outdir / f"{name}-{rank0[0].name}")
+    print(f"{name}, one request decoding:\n{text}", flush=True)
 
 
 def save_ddtree_metrics(scrape: Callable[[], str], path: Path) -> None:
@@ -641,6 +672,9 @@ def arguments(argv=None) -> Run:
                     help="measure this BUDGET[/CAP] schedule without the overlap scheduler")
     ap.add_argument("--schedule-on", default="", help="measure this BUDGET[/CAP] schedule with the overlap scheduler")
     ap.add_argument("--no-profile", action="store_true", help="phase 2 without the profiled servers")
+    ap.add_argument("--trace", default="",
+                    help="phase 1: after its rows, a torch-profiler trace of one request's decode steps of each of "
+                         "these configurations (names as --configs), summarised by bench/trace_steps.py")
     ap.add_argument("--auto", default="",
                     help="phase 1 also serves the width policy over these trees (cap 8), e.g. 8,16,32 (issue 70)")
     ap.add_argument("--no-chain", action="store_true",
@@ -680,8 +714,9 @@ def phase_fixed(run: Run, prompts: dict[int, list[list[int]]], rows: list[SpeedR
                                 None if args.no_chain else run.chain, tuple(int(b) for b in args.auto.split(",") if b),
                                 tuple(int(c) for c in args.caps.split(",")),
                                 tuple(c for c in args.configs.split(",") if c))
+        traced = frozenset(f"{b}{OVERLAP if o else ''}-bs48" for b in args.trace.split(",") if b for o in run.modes)
         measure_fleet(fleet, configs, prompts, run.loads, args.max_new_tokens, rows, run.out, args.start_timeout,
-                      references, args.one_at_a_time)
+                      references, args.one_at_a_time, traced)
     finally:
         fleet.stop_all()
 

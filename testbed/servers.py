@@ -308,16 +308,26 @@ class Server:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(lambda p: self.generate(p, sampling), prompts))
 
-    def torch_trace(self, outdir: Path, prompt: list[int], sampling: dict, steps: int) -> list[Path]:
+    def torch_trace(self, outdir: Path, prompt: list[int], sampling: dict, steps: int,
+                    decoding_after: float | None = None) -> list[Path]:
         """SGLang's own torch-profiler trace (/start_profile, CPU + GPU) of the next `steps` forward steps,
-        driven by one request; returns the trace files written under outdir."""
+        driven by one request; returns the trace files written under outdir. With `decoding_after` (seconds) the
+        request is sent first and the profile started that long after, so that its steps are decode steps only (the
+        request must still be decoding then: give it tokens enough)."""
         outdir.mkdir(parents=True, exist_ok=True)
         body = {"output_dir": str(outdir), "num_steps": steps, "activities": ["CPU", "GPU"]}
         req = urllib.request.Request(f"{self.url}/start_profile", data=json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            r.read()
-        self.generate(prompt, sampling)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(self.generate, prompt, sampling) if decoding_after is not None else None
+            if answer is not None:
+                time.sleep(decoding_after)
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+            if answer is None:
+                self.generate(prompt, sampling)
+            else:
+                answer.result()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not list(outdir.rglob("*.json*")):
             time.sleep(1)
