@@ -109,19 +109,27 @@ PARSE = ("import sys, json, os\n"
          "from sglang.srt.plugins import load_plugins; load_plugins()\n"
          "from sglang.srt.server_args import prepare_server_args\n"
          "from ddtree.sglang.plugin import validate_server_args\n"
-         "a = prepare_server_args(json.loads(sys.argv[1]))\n"
-         "if a.speculative_algorithm == 'DDTREE': validate_server_args(a)   # SGLang calls it for DDTREE only\n"
-         "print(a.speculative_algorithm, os.environ.get('SGLANG_DDTREE_BUDGET', '-'),\n"
-         "      os.environ.get('SGLANG_DDTREE_TOPK_CAP', '-'),\n"
-         "      a.attention_backend, a.tp_size, a.disable_overlap_schedule)\n"
          "from sglang.srt.entrypoints import engine\n"
-         "print(a.api_key, engine._server_args_for_logging(a)['api_key'])\n")
-
-
-def parse(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-c", PARSE, json.dumps(with_config(args))], capture_output=True, text=True,
-                       timeout=300, env=env)
-    return r
+         "out = {}\n"
+         "for name, case in json.loads(sys.stdin.read()).items():\n"
+         "    for k in ('SGLANG_DDTREE_BUDGET', 'SGLANG_DDTREE_TOPK_CAP', 'SGLANG_DDTREE_OVERLAP'):\n"
+         "        os.environ.pop(k, None)\n"
+         "    os.environ.update(case['env'])\n"
+         "    try:\n"
+         "        a = prepare_server_args(case['args'])\n"
+         "        if a.speculative_algorithm == 'DDTREE': validate_server_args(a)   # SGLang calls it for DDTREE only\n"
+         "        out[name] = [str(v) for v in (a.speculative_algorithm, os.environ.get('SGLANG_DDTREE_BUDGET', '-'),\n"
+         "                     os.environ.get('SGLANG_DDTREE_TOPK_CAP', '-'), a.attention_backend, a.tp_size,\n"
+         "                     a.disable_overlap_schedule, a.api_key, engine._server_args_for_logging(a)['api_key'])]\n"
+         "    except BaseException as e:\n"
+         "        out[name] = f'{type(e).__name__}: {e}'\n"
+         "print(json.dumps(out))\n")
+PARSED = {   # name -> the algorithm rendered, whether its --disable-overlap-schedule is dropped, variables set
+    "dflash": ("DFLASH", False, {}),
+    "ddtree": ("DDTREE", False, {}),
+    "overlap": ("DDTREE", True, {}),
+    "overlap, leftover switch 0": ("DDTREE", True, {"SGLANG_DDTREE_OVERLAP": "0"}),
+}
 
 
 def with_leftover_overlap_switch(value: str | None) -> dict:
@@ -130,29 +138,38 @@ def with_leftover_overlap_switch(value: str | None) -> dict:
     return env if value is None else {**env, "SGLANG_DDTREE_OVERLAP": value}
 
 
-def test_the_rendered_dflash_fallback_command_line_parses():
-    r = parse(rendered_production_args("DFLASH"))
+@pytest.fixture(scope="module")
+def parsed() -> dict[str, list[str] | str]:
+    """Every PARSED command line parsed by SGLang (and validated by the plugin where DDTREE) in one fresh interpreter
+    (imports take 25-30 s: four processes took ~95 s of the lane): name -> [algorithm, SGLANG_DDTREE_BUDGET,
+    SGLANG_DDTREE_TOPK_CAP, attention backend, tp size, overlap disabled, the API key SGLang holds, the key in its
+    start-up log line] or the error it raised. The DDTREE variables are cleared before each case."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DDTREE_")}
+    cases = {name: {"args": with_config([a for a in rendered_production_args(algorithm)
+                                         if not (overlap and a == "--disable-overlap-schedule")]), "env": extra}
+             for name, (algorithm, overlap, extra) in PARSED.items()}
+    r = subprocess.run([sys.executable, "-c", PARSE], input=json.dumps(cases), capture_output=True, text=True,
+                       timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_rendered_dflash_fallback_command_line_parses(parsed):
     # SGLang's overlap scheduler on (k26_overlap_schedule auto): a DFLASH server runs it
-    assert r.stdout.split() == ["DFLASH", "32", "8", "triton", "8", "False", API_KEY, "<redacted>"]
+    assert parsed["dflash"] == ["DFLASH", "32", "8", "triton", "8", "False", API_KEY, "<redacted>"]
 
 
-def test_the_rendered_ddtree_command_line_parses_and_validates():
-    r = parse(rendered_production_args("DDTREE"))
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_the_rendered_ddtree_command_line_parses_and_validates(parsed):
     # the key reaches SGLang from the config file (not argv), and its start-up log line redacts it
-    assert r.stdout.split() == ["DDTREE", "32", "8", "triton", "8", "True", API_KEY, "<redacted>"]
+    assert parsed["ddtree"] == ["DDTREE", "32", "8", "triton", "8", "True", API_KEY, "<redacted>"]
 
 
-def test_the_rendered_ddtree_command_line_under_the_overlap_scheduler_parses_and_validates():
+def test_the_rendered_ddtree_command_line_under_the_overlap_scheduler_parses_and_validates(parsed):
     """k26_overlap_schedule true renders no --disable-overlap-schedule: SGLang keeps its overlap scheduler on for
     DDTREE (registered overlap-capable) and the plugin's start-up refuses nothing, with no switch in the environment
     (SGLANG_DDTREE_OVERLAP is gone; a leftover value changes nothing)."""
-    args = [a for a in rendered_production_args("DDTREE") if a != "--disable-overlap-schedule"]
-    for leftover in (None, "0"):
-        r = parse(args, env=with_leftover_overlap_switch(leftover))
-        assert r.returncode == 0, r.stderr[-3000:]
-        assert r.stdout.split() == ["DDTREE", "32", "8", "triton", "8", "False", API_KEY, "<redacted>"]
+    for name in ("overlap", "overlap, leftover switch 0"):
+        assert parsed[name] == ["DDTREE", "32", "8", "triton", "8", "False", API_KEY, "<redacted>"], name
 
 
 def test_the_rendered_flags_match_the_template():
@@ -390,20 +407,37 @@ def test_ddtree_spec_answers_every_method_of_a_builtin_algorithm():
     assert r.stdout.splitlines() == ["[]", "False False None"]
 
 
-RESOLVE = ("import sys, json, os\n"
-           "from sglang.srt.plugins import load_plugins; load_plugins()\n"
-           "from sglang.srt.server_args import prepare_server_args\n"
-           "from sglang.srt.arg_groups.overrides import resolving_view\n"
-           "a = prepare_server_args(json.loads(sys.argv[1]))\n"
-           "a.resolve_once()\n"
-           "c = resolving_view(a)\n"
-           "print(c.speculative_num_draft_tokens, c.speculative_num_steps, c.speculative_eagle_topk,\n"
-           "      c.speculative_draft_attention_backend, c.max_running_requests, os.environ['SGLANG_DDTREE_BLOCK_SIZE'])\n")
+RESOLVE_MANY = ("import sys, json, os\n"
+                "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+                "from sglang.srt.server_args import prepare_server_args\n"
+                "from sglang.srt.arg_groups.overrides import resolving_view\n"
+                "out = {}\n"
+                "for name, args in json.loads(sys.stdin.read()).items():\n"
+                "    for k in ('SGLANG_DDTREE_BUDGET', 'SGLANG_DDTREE_TOPK_CAP', 'SGLANG_DDTREE_BLOCK_SIZE'):\n"
+                "        os.environ.pop(k, None)\n"
+                "    try:\n"
+                "        a = prepare_server_args(args)\n"
+                "        a.resolve_once()\n"
+                "        c = resolving_view(a)\n"
+                "        out[name] = [str(v) for v in (c.speculative_num_draft_tokens, c.speculative_num_steps,\n"
+                "                     c.speculative_eagle_topk, c.speculative_draft_attention_backend,\n"
+                "                     c.max_running_requests, os.environ['SGLANG_DDTREE_BLOCK_SIZE'])]\n"
+                "    except BaseException as e:\n"
+                "        out[name] = f'{type(e).__name__}: {e}'\n"
+                "print(json.dumps(out))\n")
+
+SCHEDULE = ("--speculative-ddtree-budget", "1:64,8:32,32:8", "--speculative-ddtree-topk-cap", "1:8,32:4")
+RESOLVED = {   # name -> the DDTREE flags added to the tiny pair's command line
+    "budget 32": ("--speculative-ddtree-budget", "32", "--speculative-ddtree-topk-cap", "8"),
+    "schedule": SCHEDULE,
+    "too narrow": ("--speculative-ddtree-budget", "1:64,32:4", "--speculative-ddtree-topk-cap", "1:8,32:4"),
+    "block 16": ("--speculative-dflash-block-size", "16"),
+}
 
 
-def resolve(tmp_path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """SGLang's own resolution pipeline on the CPU (--device cpu) over a tiny pair's config.json files."""
-    pair = tmp_path / "pair"
+def tiny_pair(root: Path) -> Path:
+    """config.json files of a tiny Qwen3 target and its block-8 DFlash draft (--load-format dummy reads no weights)."""
+    pair = root / "pair"
     for name, cfg in (("target", {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4}),
                       ("draft", {"architectures": ["DFlashDraftModel"], "num_hidden_layers": 1, "block_size": 8,
                                  "num_target_layers": 4,
@@ -414,37 +448,41 @@ def resolve(tmp_path, *extra: str, env: dict | None = None) -> subprocess.Comple
             "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024, "rms_norm_eps": 1e-6,
             "rope_theta": 10000.0, "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
             "tie_word_embeddings": False, **cfg}))
-    args = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--device", "cpu", "--load-format",
+    return pair
+
+
+@pytest.fixture(scope="module")
+def resolved(tmp_path_factory) -> dict[str, list[str] | str]:
+    """SGLang's own resolution pipeline on the CPU (--device cpu) for every RESOLVED case, in one fresh interpreter
+    (its imports take 25-30 s; four processes took 110 s of the lane): name -> [draft tokens, steps, top-k, draft
+    attention backend, running requests, the block handed to the schedulers] or the error it raised. The DDTREE
+    variables are cleared before each case, so each case sets its own block."""
+    pair = tiny_pair(tmp_path_factory.mktemp("resolve"))
+    base = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--device", "cpu", "--load-format",
             "dummy", "--attention-backend", "triton", "--speculative-algorithm", "DDTREE",
-            "--speculative-draft-model-path", str(pair / "draft"), "--disable-overlap-schedule", *extra]
-    e = os.environ.copy()
-    for k in ("SGLANG_DDTREE_BUDGET", "SGLANG_DDTREE_TOPK_CAP", "SGLANG_DDTREE_BLOCK_SIZE"):
-        e.pop(k, None)
-    return subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(args)], capture_output=True, text=True,
-                          timeout=300, env={**e, **(env or {})})
-
-
-def test_sglangs_resolution_sizes_a_ddtree_server_for_its_verify_width(tmp_path):
-    r = resolve(tmp_path, "--speculative-ddtree-budget", "32", "--speculative-ddtree-topk-cap", "8")
+            "--speculative-draft-model-path", str(pair / "draft"), "--disable-overlap-schedule"]
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DDTREE_")}
+    r = subprocess.run([sys.executable, "-c", RESOLVE_MANY], input=json.dumps({n: base + list(x) for n, x in
+                                                                               RESOLVED.items()}),
+                       capture_output=True, text=True, timeout=600, env=e)
     assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+
+def test_sglangs_resolution_sizes_a_ddtree_server_for_its_verify_width(resolved):
     # width budget + 1, one step, top-k 1, the draft attends with the target's backend, DFLASH's
     # default concurrency, and the draft's block (from its config.json) handed to the schedulers
-    assert r.stdout.split() == ["33", "1", "1", "triton", "48", "8"]
+    assert resolved["budget 32"] == ["33", "1", "1", "triton", "48", "8"]
 
 
-SCHEDULE = ("--speculative-ddtree-budget", "1:64,8:32,32:8", "--speculative-ddtree-topk-cap", "1:8,32:4")
+def test_a_budget_schedule_sizes_the_server_for_its_widest_step(resolved):
+    # no switch: the schedule's went with its GPU tests (issue 45)
+    assert resolved["schedule"] == ["65", "1", "1", "triton", "48", "8"]
 
 
-def test_a_budget_schedule_sizes_the_server_for_its_widest_step(tmp_path):
-    r = resolve(tmp_path, *SCHEDULE)                 # no switch: the schedule's went with its GPU tests (issue 45)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["65", "1", "1", "triton", "48", "8"]
-
-
-def test_a_budget_schedule_is_checked_at_every_step(tmp_path):
-    r = resolve(tmp_path / "too-narrow", "--speculative-ddtree-budget", "1:64,32:4", "--speculative-ddtree-topk-cap", "1:8,32:4")
-    assert r.returncode != 0
-    assert "from batch size 32: --speculative-ddtree-budget=4 is invalid with block size 8" in r.stderr
+def test_a_budget_schedule_is_checked_at_every_step(resolved):
+    assert "from batch size 32: --speculative-ddtree-budget=4 is invalid with block size 8" in resolved["too narrow"]
 
 
 def test_the_spec_answers_a_schedules_widths_and_the_widest_otherwise():
@@ -476,10 +514,8 @@ def test_the_sglang_names_the_width_states_use_exist():
     assert not PhaseConfig.__dataclass_params__.frozen and "bs" in PhaseConfig.__dataclass_fields__
 
 
-def test_a_block_flag_that_contradicts_the_drafts_config_stops_resolution(tmp_path):
-    r = resolve(tmp_path, "--speculative-dflash-block-size", "16")
-    assert r.returncode != 0
-    assert "--speculative-dflash-block-size=16 differs from the draft's block_size 8" in r.stderr
+def test_a_block_flag_that_contradicts_the_drafts_config_stops_resolution(resolved):
+    assert "--speculative-dflash-block-size=16 differs from the draft's block_size 8" in resolved["block 16"]
 
 
 def test_the_request_hook_is_applied_and_refuses_with_the_field(tmp_path):
