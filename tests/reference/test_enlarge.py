@@ -138,3 +138,19 @@ def test_a_widening_that_forgets_the_norms_rescale_is_caught_by_the_logit_check(
         b = wrong.target.forward_sequence(tokens).logits[..., :a.shape[-1]]
     with pytest.raises(AssertionError):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_the_graph_timing_draws_only_the_tokens_the_enlarged_pair_embeds(pairs):
+    """Issue 70's start-up table timed random ids; on the enlarged pair every added token's embedding row is zero, so
+    two added tokens run the very same forward (the same experts in every layer) and a replay of them times one
+    token's expert read. The timing's ids (graph_timing.embedded_ids) are the small pair's tokens alone."""
+    from ddtree.sglang.policy.graph_timing import embedded_ids
+
+    small, big = pairs
+    v = small.target.config.vocab_size
+    assert torch.equal(embedded_ids(big.target.embed_tokens.weight, 0, BIG.vocab), torch.arange(v))
+    with torch.no_grad():
+        added = [big.target.forward_sequence(torch.tensor([[t]])).logits for t in (v + 3, BIG.vocab - 1)]
+        live = [big.target.forward_sequence(torch.tensor([[t]])).logits for t in (5, 77)]
+    assert torch.equal(added[0], added[1])
+    assert not torch.equal(live[0], live[1])

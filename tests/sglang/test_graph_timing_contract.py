@@ -52,3 +52,21 @@ def test_the_default_graphs_are_found_by_running_batch():
 def test_a_backend_without_a_graph_table_is_refused_naming_the_way_out():
     with pytest.raises(DDTreeConfigError, match="SGLANG_DDTREE_COST_TABLE"):
         captured_graphs(NS(backend=NS(), captured_req_width=9))
+
+
+def test_what_the_timing_tokens_read_of_the_target_exists():
+    """worker_setup.timing_tokens: the target's get_input_embeddings() (DeepSeek-V3's, Qwen3's and Kimi K2.5's
+    wrapper's), its weight, and the vocabulary shard's first id and count (VocabParallelEmbedding.shard_indices)."""
+    import dataclasses
+
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding, VocabParallelEmbeddingShardIndices
+    from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
+    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
+    from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+
+    for model in (DeepseekV3ForCausalLM, Qwen3ForCausalLM, KimiK25ForConditionalGeneration):
+        assert callable(getattr(model, "get_input_embeddings", None)), model.__name__
+    assert "self.shard_indices = " in inspect.getsource(VocabParallelEmbedding.__init__)
+    fields = {f.name for f in dataclasses.fields(VocabParallelEmbeddingShardIndices)}
+    assert "org_vocab_start_index" in fields and isinstance(VocabParallelEmbeddingShardIndices.num_org_elements,
+                                                            property)

@@ -5,14 +5,19 @@ After the target's verify graphs exist (SGLang's at the widest width, widths.py'
 draft's graphs, every captured graph is replayed as captured, before the server reports ready, and timed with CUDA
 events (the median of `replays` after `warmup` replays). The target's input-id buffer is first filled with random
 token ids: with the capture's identical ids every token of an MoE would pick the same experts and the replay would
-time a one-token expert read, not a tree's. The attention runs at the capture's short lengths, so the table is the
+time a one-token expert read, not a tree's. The ids are drawn from the tokens the model embeds (rows of its embedding
+that are not zero, `embedded_ids`): a token whose row is zero gives every layer the same input, so a replay of such
+tokens reads one token's experts again. On the enlarged test pair (issue 69) 20,220 of its 20,480 ids are such rows
+(the small pair's 260 tokens are the only live ones); its table drawn from every id (H100, 2026-12-07) priced a
+33-token verify at 1.4x a one-token step where the rank's rig measured about 2.8x - not yet re-timed with the
+embedded ids. The attention runs at the capture's short lengths, so the table is the
 cost of a step's weights and experts, not of its context; the sweep's measured table can replace it
 (SGLANG_DDTREE_COST_TABLE, a JSON file written by `CostTable.to_json`).
 
 At TP > 1 every rank replays the same graphs in the same order (they hold the same collectives), and rank 0's table
 is broadcast so that every rank's width policy chooses alike.
 
-    table = time_graphs(target_runners, draft_runner, vocab, replays=5)
+    table = time_graphs(target_runners, draft_runner, embedded_ids(embedding_weight, start, vocab), replays=5)
     table.verify_ms[(batch, width)], table.draft_ms[batch], table.step_ms(batch, width)
 """
 
@@ -147,10 +152,23 @@ def replay_ms(runner, graph: CapturedGraph, replays: int, warmup: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
-def random_ids(runner, tokens: int, vocab: int, generator: torch.Generator) -> None:
-    """The target graph's input ids [tokens] set to random tokens (so an MoE's tokens route apart)."""
+def embedded_ids(weight: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """The token ids [n] (int64, on the CPU) whose rows of an embedding shard are not all zero: `weight` [rows, hidden]
+    holds the ids start .. start + count - 1 in its first `count` rows (the rest is padding). A shard with no such row
+    (a rank of a vocabulary whose live tokens all sit on other ranks) gives all its ids: its lookups add zero, the
+    other ranks' lookups still make the tokens differ."""
+    if count < 1:
+        raise ValueError(f"count={count}: an embedding shard holds at least one token")
+    live = weight[:count].detach().abs().amax(dim=1).ne(0).nonzero().flatten().cpu()       # [n]
+    ids = live if live.numel() else torch.arange(count)
+    return ids.to(torch.int64) + int(start)
+
+
+def random_ids(runner, tokens: int, pool: torch.Tensor, generator: torch.Generator) -> None:
+    """The target graph's input ids [tokens] set to random tokens of `pool` [n] (so an MoE's tokens route apart)."""
     ids = runner.buffers.input_ids
-    ids[:tokens].copy_(torch.randint(0, vocab, (tokens,), generator=generator, device="cpu").to(ids.device))
+    pick = torch.randint(0, pool.numel(), (tokens,), generator=generator, device="cpu")
+    ids[:tokens].copy_(pool[pick].to(ids.device))
 
 
 def time_runner(runner, replays: int, warmup: int, prepare=None) -> dict[int, float]:
@@ -163,16 +181,19 @@ def time_runner(runner, replays: int, warmup: int, prepare=None) -> dict[int, fl
     return out
 
 
-def time_graphs(target_runners: Mapping[int, object], draft_runner, vocab: int, replays: int = 5, warmup: int = 2,
-                seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> CostTable:
+def time_graphs(target_runners: Mapping[int, object], draft_runner, tokens: torch.Tensor, replays: int = 5,
+                warmup: int = 2, seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> CostTable:
     """Every captured verify graph of `target_runners` (width -> its decode graph runner) and the draft runner's,
     timed: (warmup + replays) replays of each, a bound set by the graphs' count, not by a clock (at TP > 1 every
-    rank must replay the same graphs: a clock could stop one rank's timing before another's)."""
+    rank must replay the same graphs: a clock could stop one rank's timing before another's). The verify graphs read
+    random ids of `tokens` [n] (embedded_ids)."""
+    if tokens.numel() < 1:
+        raise ValueError("no token ids to time the verify graphs with")
     gen = torch.Generator().manual_seed(seed)
     tic = clock()
     verify: dict[tuple[int, int], float] = {}
     for width, runner in sorted(target_runners.items()):
-        times = time_runner(runner, replays, warmup, prepare=lambda g, r=runner: random_ids(r, g.tokens, vocab, gen))
+        times = time_runner(runner, replays, warmup, prepare=lambda g, r=runner: random_ids(r, g.tokens, tokens, gen))
         verify.update({(b, width): ms for b, ms in times.items()})
     draft = time_runner(draft_runner, replays, warmup) if draft_runner is not None else {}
     return CostTable(verify, draft, clock() - tic, "start-up")

@@ -27,7 +27,7 @@ from sglang.srt.speculative.dflash_worker_v2 import _resolve_dflash_embedding_mo
 from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 
 from ddtree.settings import DDTreeConfigError, WidthSchedule
-from ddtree.sglang.policy.graph_timing import CostTable, shared_across_ranks, time_graphs
+from ddtree.sglang.policy.graph_timing import CostTable, embedded_ids, shared_across_ranks, time_graphs
 from ddtree.sglang.step.head import HeadShard
 from ddtree.sglang.step.view import StepView
 from ddtree.sglang.policy.step_policy import StepPolicy, step_policy_for
@@ -131,11 +131,27 @@ def step_costs(worker, widths: TargetWidths | None, table_file) -> CostTable:
                                     "SGLANG_DDTREE_COST_TABLE")
         runners = {w: state.graph_runner for w, state in widths.states.items()}
         draft = getattr(worker.draft_model_runner, "decode_cuda_graph_runner", None)
-        table = time_graphs(runners, draft, int(worker.target_worker.model_runner.model_config.vocab_size))
+        table = time_graphs(runners, draft, timing_tokens(worker))
         table = shared_across_ranks(table, get_parallel().tp_group, worker.device)
     for line in table.lines():
         logger.info(line)
     return table
+
+
+def timing_tokens(worker) -> torch.Tensor:
+    """The token ids [n] the verify graphs are timed with: those this rank's shard of the target's input embedding
+    embeds (graph_timing.embedded_ids; a model without get_input_embeddings: every id of its vocabulary)."""
+    runner = worker.target_worker.model_runner
+    vocab = int(runner.model_config.vocab_size)
+    get = getattr(runner.model, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    weight = getattr(embedding, "weight", None)
+    if weight is None:
+        return torch.arange(vocab, dtype=torch.int64)
+    shard = getattr(embedding, "shard_indices", None)
+    if shard is None:
+        return embedded_ids(weight, 0, min(vocab, int(weight.shape[0])))
+    return embedded_ids(weight, int(shard.org_vocab_start_index), int(shard.num_org_elements))
 
 
 def ratios_across_ranks():
