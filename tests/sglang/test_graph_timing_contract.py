@@ -59,7 +59,10 @@ def test_what_the_timing_tokens_read_of_the_target_exists():
     wrapper's), its weight, and the vocabulary shard's first id and count (VocabParallelEmbedding.shard_indices)."""
     import dataclasses
 
-    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding, VocabParallelEmbeddingShardIndices
+    from sglang.srt.layers.vocab_parallel_embedding import (
+        VocabParallelEmbedding,
+        VocabParallelEmbeddingShardIndices,
+    )
     from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
     from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
     from sglang.srt.models.qwen3 import Qwen3ForCausalLM
