@@ -362,3 +362,18 @@ def test_a_rows_ddtree_metrics_are_kept_from_real_http_and_a_failed_scrape_is_sk
     gone = tmp_path / "out" / "metrics" / "auto-16.prom"
     speed.save_ddtree_metrics(scrape, gone)
     assert not gone.exists() and "metrics of auto-16 not read" in capsys.readouterr().out
+
+
+def test_a_trace_that_fails_is_said_and_leaves_no_table(tmp_path, capsys, monkeypatch):
+    """--trace is a diagnostic: a server that cannot be profiled (here nothing listens on its port) costs its trace,
+    not the bench's later servers."""
+    import tempfile
+
+    from testbed import servers
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))       # where the profiler's raw trace would go
+
+    server = servers.Server(servers.config("dflash-overlap-bs48"), 18517, tmp_path / "dflash.log")
+    speed.trace_config(server, [256, 1, 2], tmp_path / "traces")
+    assert "dflash-overlap-bs48: no trace (URLError" in capsys.readouterr().out
+    assert not (tmp_path / "traces").exists()
