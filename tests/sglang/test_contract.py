@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -105,25 +106,38 @@ def with_config(args: list[str]) -> list[str]:
     return [config_file() if a == RENDERED_CONFIG else a for a in args]
 
 
-PARSE = ("import sys, json, os\n"
-         "from sglang.srt.plugins import load_plugins; load_plugins()\n"
-         "from sglang.srt.server_args import prepare_server_args\n"
-         "from ddtree.sglang.plugin import validate_server_args\n"
-         "from sglang.srt.entrypoints import engine\n"
-         "out = {}\n"
-         "for name, case in json.loads(sys.stdin.read()).items():\n"
-         "    for k in ('SGLANG_DDTREE_BUDGET', 'SGLANG_DDTREE_TOPK_CAP', 'SGLANG_DDTREE_OVERLAP'):\n"
-         "        os.environ.pop(k, None)\n"
-         "    os.environ.update(case['env'])\n"
-         "    try:\n"
-         "        a = prepare_server_args(case['args'])\n"
-         "        if a.speculative_algorithm == 'DDTREE': validate_server_args(a)   # SGLang calls it for DDTREE only\n"
-         "        out[name] = [str(v) for v in (a.speculative_algorithm, os.environ.get('SGLANG_DDTREE_BUDGET', '-'),\n"
-         "                     os.environ.get('SGLANG_DDTREE_TOPK_CAP', '-'), a.attention_backend, a.tp_size,\n"
-         "                     a.disable_overlap_schedule, a.api_key, engine._server_args_for_logging(a)['api_key'])]\n"
-         "    except BaseException as e:\n"
-         "        out[name] = f'{type(e).__name__}: {e}'\n"
-         "print(json.dumps(out))\n")
+def each_in_one_process(imports: str, body: str, cases: dict[str, dict]) -> dict:
+    """`body` run for every case in one fresh interpreter (SGLang's imports take 25-30 s a process), the plugins loaded
+    as a server loads them: `body` (Python at no indent) reads `case` and sets `out[name]`; the DDTREE variables are
+    cleared before each case (none inherits what an earlier one set) and the case's own `env` set. Returns name ->
+    what the body put in `out`, or the error it raised."""
+    script = ("import sys, json, os\n"
+              "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+              f"{imports}"
+              "out = {}\n"
+              "for name, case in json.loads(sys.stdin.read()).items():\n"
+              "    for k in [k for k in os.environ if k.startswith('SGLANG_DDTREE_')]:\n"
+              "        del os.environ[k]\n"
+              "    os.environ.update(case.get('env', {}))\n"
+              "    try:\n"
+              f"{textwrap.indent(body, ' ' * 8)}"
+              "    except BaseException as e:\n"
+              "        out[name] = f'{type(e).__name__}: {e}'\n"
+              "print(json.dumps(out))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DDTREE_")}
+    r = subprocess.run([sys.executable, "-c", script], input=json.dumps(cases), capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+PARSE_IMPORTS = ("from sglang.srt.server_args import prepare_server_args\n"
+                 "from ddtree.sglang.plugin import validate_server_args\n")
+PARSE_BODY = ("a = prepare_server_args(case['args'])\n"
+              "if a.speculative_algorithm == 'DDTREE': validate_server_args(a)   # SGLang calls it for DDTREE only\n"
+              "out[name] = [str(v) for v in (a.speculative_algorithm, os.environ.get('SGLANG_DDTREE_BUDGET', '-'),\n"
+              "             os.environ.get('SGLANG_DDTREE_TOPK_CAP', '-'), a.attention_backend, a.tp_size,\n"
+              "             a.disable_overlap_schedule, a.api_key, engine._server_args_for_logging(a)['api_key'])]\n")
 PARSED = {   # name -> the algorithm rendered, whether its --disable-overlap-schedule is dropped, variables set
     "dflash": ("DFLASH", False, {}),
     "ddtree": ("DDTREE", False, {}),
@@ -144,14 +158,10 @@ def parsed() -> dict[str, list[str] | str]:
     (imports take 25-30 s: four processes took ~95 s of the lane): name -> [algorithm, SGLANG_DDTREE_BUDGET,
     SGLANG_DDTREE_TOPK_CAP, attention backend, tp size, overlap disabled, the API key SGLang holds, the key in its
     start-up log line] or the error it raised. The DDTREE variables are cleared before each case."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DDTREE_")}
     cases = {name: {"args": with_config([a for a in rendered_production_args(algorithm)
                                          if not (overlap and a == "--disable-overlap-schedule")]), "env": extra}
              for name, (algorithm, overlap, extra) in PARSED.items()}
-    r = subprocess.run([sys.executable, "-c", PARSE], input=json.dumps(cases), capture_output=True, text=True,
-                       timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return each_in_one_process(PARSE_IMPORTS + "from sglang.srt.entrypoints import engine\n", PARSE_BODY, cases)
 
 
 def test_the_rendered_dflash_fallback_command_line_parses(parsed):
@@ -200,18 +210,8 @@ INVALID = [
     ({"--disaggregation-mode": "decode"}, "--disaggregation-mode=decode is not supported with DDTREE"),
 ]
 
-PARSE_MANY = ("import sys, json, os\n"
-              "from sglang.srt.plugins import load_plugins; load_plugins()\n"
-              "from sglang.srt.server_args import prepare_server_args\n"
-              "from ddtree.sglang.plugin import validate_server_args\n"
-              "out = []\n"
-              "for args in json.loads(sys.stdin.read()):\n"
-              "    try:\n"
-              "        validate_server_args(prepare_server_args(args))\n"
-              "        out.append('accepted')\n"
-              "    except BaseException as e:\n"
-              "        out.append(f'{type(e).__name__}: {e}')\n"
-              "print(json.dumps(out))\n")
+VALIDATE = ("validate_server_args(prepare_server_args(case['args']))\n"
+            "out[name] = 'accepted'\n")
 
 
 def changed(args: list[str], change: dict) -> list[str]:
@@ -232,11 +232,10 @@ def changed(args: list[str], change: dict) -> list[str]:
 @pytest.fixture(scope="module")
 def invalid_outcomes() -> list[str]:
     """Every INVALID command line parsed and validated in one fresh interpreter (imports take ~25 s)."""
-    cases = [with_config(changed(rendered_production_args("DDTREE"), change)) for change, _ in INVALID]
-    r = subprocess.run([sys.executable, "-c", PARSE_MANY], input=json.dumps(cases), capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    cases = {str(i): {"args": with_config(changed(rendered_production_args("DDTREE"), change))}
+             for i, (change, _) in enumerate(INVALID)}
+    outcomes = each_in_one_process(PARSE_IMPORTS, VALIDATE, cases)
+    return [outcomes[str(i)] for i in range(len(INVALID))]
 
 
 @pytest.mark.parametrize("case", range(len(INVALID)), ids=[m.split(" ")[0] for _, m in INVALID])
@@ -407,24 +406,14 @@ def test_ddtree_spec_answers_every_method_of_a_builtin_algorithm():
     assert r.stdout.splitlines() == ["[]", "False False None"]
 
 
-RESOLVE_MANY = ("import sys, json, os\n"
-                "from sglang.srt.plugins import load_plugins; load_plugins()\n"
-                "from sglang.srt.server_args import prepare_server_args\n"
-                "from sglang.srt.arg_groups.overrides import resolving_view\n"
-                "out = {}\n"
-                "for name, args in json.loads(sys.stdin.read()).items():\n"
-                "    for k in ('SGLANG_DDTREE_BUDGET', 'SGLANG_DDTREE_TOPK_CAP', 'SGLANG_DDTREE_BLOCK_SIZE'):\n"
-                "        os.environ.pop(k, None)\n"
-                "    try:\n"
-                "        a = prepare_server_args(args)\n"
-                "        a.resolve_once()\n"
-                "        c = resolving_view(a)\n"
-                "        out[name] = [str(v) for v in (c.speculative_num_draft_tokens, c.speculative_num_steps,\n"
-                "                     c.speculative_eagle_topk, c.speculative_draft_attention_backend,\n"
-                "                     c.max_running_requests, os.environ['SGLANG_DDTREE_BLOCK_SIZE'])]\n"
-                "    except BaseException as e:\n"
-                "        out[name] = f'{type(e).__name__}: {e}'\n"
-                "print(json.dumps(out))\n")
+RESOLVE_IMPORTS = ("from sglang.srt.server_args import prepare_server_args\n"
+                   "from sglang.srt.arg_groups.overrides import resolving_view\n")
+RESOLVE_BODY = ("a = prepare_server_args(case['args'])\n"
+                "a.resolve_once()\n"
+                "c = resolving_view(a)\n"
+                "out[name] = [str(v) for v in (c.speculative_num_draft_tokens, c.speculative_num_steps,\n"
+                "             c.speculative_eagle_topk, c.speculative_draft_attention_backend,\n"
+                "             c.max_running_requests, os.environ['SGLANG_DDTREE_BLOCK_SIZE'])]\n")
 
 SCHEDULE = ("--speculative-ddtree-budget", "1:64,8:32,32:8", "--speculative-ddtree-topk-cap", "1:8,32:4")
 RESOLVED = {   # name -> the DDTREE flags added to the tiny pair's command line
@@ -461,13 +450,7 @@ def resolved(tmp_path_factory) -> dict[str, list[str] | str]:
     base = ["--model-path", str(pair / "target"), "--skip-tokenizer-init", "--device", "cpu", "--load-format",
             "dummy", "--attention-backend", "triton", "--speculative-algorithm", "DDTREE",
             "--speculative-draft-model-path", str(pair / "draft"), "--disable-overlap-schedule"]
-    e = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DDTREE_")}
-    r = subprocess.run([sys.executable, "-c", RESOLVE_MANY], input=json.dumps({n: base + list(x) for n, x in
-                                                                               RESOLVED.items()}),
-                       capture_output=True, text=True, timeout=600, env=e)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
+    return each_in_one_process(RESOLVE_IMPORTS, RESOLVE_BODY, {n: {"args": base + list(x)} for n, x in RESOLVED.items()})
 
 
 def test_sglangs_resolution_sizes_a_ddtree_server_for_its_verify_width(resolved):
@@ -654,7 +637,6 @@ def test_the_worker_reads_the_running_limit_from_the_settings_sglang_fills_befor
     target happens after the draft worker is built (every scheduled DDTREE server died of that AttributeError on the
     H200, 2026-12-03). The worker's construction reads the limit from get_schedule() (ServerArgs' field) instead."""
     import ast
-    import textwrap
 
     from sglang.srt import runtime_context
     from sglang.srt.model_executor import model_runner
@@ -682,7 +664,6 @@ def test_the_schedules_width_states_are_built_after_the_targets_graphs():
     So the worker builds its narrower widths (widths.TargetWidths reads the target's graph runner) in its own
     init_cuda_graphs, after the parent's - the H200 showed the AttributeError of building them in __init__."""
     import ast
-    import textwrap
 
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.model_executor import model_runner
