@@ -133,11 +133,16 @@ def fixed_configs(budgets=BUDGETS, modes: tuple[bool, ...] = (False, True),
         trees = [(b, c) for b in budgets for c in caps if c <= b] + ([chain] if chain else [])
         bases = ("none", "dflash", *(f"ddtree-b{b}-c{c}-graphs" for b, c in trees),
                  *([auto_name(auto)] if auto else []))
-    return [servers.config(f"{b}{OVERLAP if o else ''}-bs48") for b in bases for o in modes]
+    return [servers.config(phase1_name(b, o)) for b in bases for o in modes]
+
+
+def phase1_name(base: str, overlap: bool) -> str:
+    """A phase-1 server's name: its configuration (as --configs names it) in an overlap mode, sized for 48 running."""
+    return f"{base}{OVERLAP if overlap else ''}-bs48"
 
 
 def fixed_name(tree: tuple[int, int], overlap: bool) -> str:
-    return f"ddtree-b{tree[0]}-c{tree[1]}-graphs{OVERLAP if overlap else ''}-bs48"
+    return phase1_name(f"ddtree-b{tree[0]}-c{tree[1]}-graphs", overlap)
 
 
 def schedule_label(schedule: WidthSchedule) -> str:
@@ -714,7 +719,7 @@ def phase_fixed(run: Run, prompts: dict[int, list[list[int]]], rows: list[SpeedR
                                 None if args.no_chain else run.chain, tuple(int(b) for b in args.auto.split(",") if b),
                                 tuple(int(c) for c in args.caps.split(",")),
                                 tuple(c for c in args.configs.split(",") if c))
-        traced = frozenset(f"{b}{OVERLAP if o else ''}-bs48" for b in args.trace.split(",") if b for o in run.modes)
+        traced = frozenset(phase1_name(b, o) for b in args.trace.split(",") if b for o in run.modes)
         measure_fleet(fleet, configs, prompts, run.loads, args.max_new_tokens, rows, run.out, args.start_timeout,
                       references, args.one_at_a_time, traced)
     finally:

@@ -86,7 +86,8 @@ def grouped(kernels: list[Kernel]) -> list[KernelGroup]:
     """Kernel time by group, the largest first."""
     groups: dict[str, KernelGroup] = {}
     for k in kernels:
-        g = groups.setdefault(group_name(k.name), KernelGroup(group_name(k.name)))
+        name = group_name(k.name)
+        g = groups.setdefault(name, KernelGroup(name))
         g.count += 1
         g.total_us += k.dur_us
     return sorted(groups.values(), key=lambda g: -g.total_us)

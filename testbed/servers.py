@@ -318,15 +318,19 @@ class Server:
         body = {"output_dir": str(outdir), "num_steps": steps, "activities": ["CPU", "GPU"]}
         req = urllib.request.Request(f"{self.url}/start_profile", data=json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            answer = pool.submit(self.generate, prompt, sampling) if decoding_after is not None else None
-            if answer is not None:
-                time.sleep(decoding_after)
+
+        def start_profile() -> None:
             with urllib.request.urlopen(req, timeout=60) as r:
                 r.read()
-            if answer is None:
-                self.generate(prompt, sampling)
-            else:
+
+        if decoding_after is None:
+            start_profile()
+            self.generate(prompt, sampling)
+        else:
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                answer = pool.submit(self.generate, prompt, sampling)
+                time.sleep(decoding_after)
+                start_profile()
                 answer.result()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not list(outdir.rglob("*.json*")):
