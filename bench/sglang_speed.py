@@ -526,10 +526,10 @@ def measure_fleet(fleet: servers.Fleet, configs: list[servers.ServerConfig], pro
 def trace_config(server: servers.Server, prompt: list[int], outdir: Path) -> None:
     """One request's TRACE_STEPS decode steps under SGLang's torch profiler, taken once it decodes: bench/trace_steps.py's
     table in outdir/NAME.md, the trace itself (rank 0's) beside it when under TRACE_KEEP_MB (the profiler writes it to
-    the temporary folder first). A trace that fails, however, is said and the bench goes on."""
+    a fresh temporary folder first). A trace that fails, however, is said and the bench goes on."""
     name = server.config.name
-    raw = Path(tempfile.gettempdir()) / "ddtree-traces" / name
     try:
+        raw = Path(tempfile.mkdtemp(prefix=f"ddtree-trace-{name}-"))  # fresh: torch_trace returns any trace under it
         files = server.torch_trace(raw, prompt, servers.greedy(TRACE_TOKENS), TRACE_STEPS, decoding_after=0.5)
         rank0 = [f for f in files if "TP-0" in f.name] or files
         if not rank0:

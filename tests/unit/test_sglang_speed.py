@@ -371,7 +371,7 @@ def test_a_trace_that_fails_is_said_and_leaves_no_table(tmp_path, capsys, monkey
 
     from testbed import servers
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))       # where the profiler's raw trace would go
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))              # where the profiler's raw trace would go
 
     server = servers.Server(servers.config("dflash-overlap-bs48"), 18517, tmp_path / "dflash.log")
     speed.trace_config(server, [256, 1, 2], tmp_path / "traces")
