@@ -66,6 +66,9 @@ class Row:
     walls: list[float] | None = None  # wall seconds of each repeat (the row is the median one's)
     device_tokens_per_s: float | None = None  # decoded tokens / SGLang's forward device seconds: the
                                               # throughput if the host took no time (CPU speed does not move it)
+    first_token_ms: float | None = None     # mean of SGLang's first_token_latency: queue + prefill (+ the draft's)
+    decode_step_ms: float | None = None     # mean (e2e_latency - first_token_latency) / the request's decode steps:
+                                            # a step, with the stalls other requests' prefills put in it
 
 
 K16 = ("dflash-k16", "ddtree-b16-c8-graphs-k16", "ddtree-b32-c8-graphs-k16", "ddtree-b64-c8-graphs-k16",
@@ -124,6 +127,32 @@ def measure(server: servers.Server, prompts: list[list[int]], batch: int, temper
     return Measurement(answers, wall, latencies, forward)
 
 
+@dataclass(frozen=True)
+class RequestSplit:
+    """Where a request's time went, from SGLang's own meta_info (0.5.23 sends first_token_latency and e2e_latency
+    with --enable-metrics): before the first token, and per decode step after it. None where no answer has both."""
+
+    first_token_ms: float | None
+    decode_step_ms: float | None
+
+
+def request_split(answers: list[dict], spec: bool) -> RequestSplit:
+    """Mean first-token latency (ms) and mean decode ms per step over the answers that carry both latencies; a
+    request's decode steps are its spec_verify_ct (speculative) or its output tokens - 1 (NONE)."""
+    firsts, steps = [], []
+    for a in answers:
+        m = a.get("meta_info", {})
+        first, e2e_s = m.get("first_token_latency"), m.get("e2e_latency")
+        if first is None or e2e_s is None:
+            continue
+        firsts.append(first)
+        n = m.get("spec_verify_ct", 0) if spec else len(a["output_ids"]) - 1
+        if n > 0:
+            steps.append((e2e_s - first) / n)
+    return RequestSplit(round(1000 * statistics.fmean(firsts), 3) if firsts else None,
+                        round(1000 * statistics.fmean(steps), 3) if steps else None)
+
+
 def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers: list[dict], wall: float,
               latencies: list[float], none_outputs: list[list[int]] | None, forward_s: float | None = None) -> Row:
     bad = [a for a in answers if "output_ids" not in a]
@@ -146,13 +175,15 @@ def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers
     if none_outputs is not None:
         same = sum(a["output_ids"] == n for a, n in zip(answers, none_outputs))
         equal = f"{same}/{len(answers)}"
+    split = request_split(answers, spec)
     return Row(config=cfg.name, algorithm=cfg.algorithm, budget=cfg.budget, cap=cfg.cap, block=block_of(cfg),
                batch=batch,
                temperature=temperature, tokens_per_s=round(tokens / wall, 1),
                accept_length=round(statistics.fmean(m["spec_accept_length"] for m in metas), 3) if spec else None,
                tokens_per_step=round((tokens - len(answers)) / steps, 3) if spec and steps else None,
                step_ms=step_ms, forward_ms=forward_ms, equal_to_none=equal, requests=len(answers),
-               device_tokens_per_s=device_tps)
+               device_tokens_per_s=device_tps, first_token_ms=split.first_token_ms,
+               decode_step_ms=split.decode_step_ms)
 
 
 @dataclass

@@ -33,8 +33,9 @@ mode's servers; NONE's answers saved for the later jobs), then `schedule` with -
 results.json (phase 2); `all` (the default) runs both phases in one process. --schedule-off / --schedule-on measure
 a given schedule instead of the one found (BUDGET or BUDGET/CAP, each a schedule: 1:32,3:16,40:7/1:8,40:1).
 Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load,
-its cost beside its twins), OUT/table.md (tokens/s by load, the schedule beside its twins, the stage profile, the
-issue's targets), OUT/tokens_per_s.png (tokens/s by load, per overlap mode), OUT/none_outputs.json (NONE's answers
+its cost beside its twins), OUT/table.md (tokens/s by load; ms before the first token / ms per decode step after it,
+from SGLang's meta_info, so a per-request cost such as the prefill is told from the steps; the schedule beside its
+twins, the stage profile, the issue's targets), OUT/tokens_per_s.png (tokens/s by load, per overlap mode), OUT/none_outputs.json (NONE's answers
 by overlap mode and load), OUT/answers.json (every speculative row's answers, for testbed/speed_partings.py
 to judge their partings from NONE's); prints the tables. The targets (targets()): the best DDTREE with the overlap scheduler
 >= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the production candidate)
@@ -215,6 +216,8 @@ class SpeedRow:
     walls: list[float]              # both passes' seconds
     phase: str = "fixed"            # "fixed": phase 1; "schedule": a scheduled server or a twin measured with it
     cap: int | str | None = None    # DDTREE's top-k cap (a schedule's text); None in rows written before it was kept
+    first_token_ms: float | None = None    # e2e.RequestSplit of the slower pass: queue + prefill before the 1st token
+    decode_step_ms: float | None = None    # and each decode step after it (stalls by others' prefills included)
 
 
 def tree_of(row: SpeedRow) -> tuple[int, int]:
@@ -242,7 +245,7 @@ def slower_row(server: servers.Server, runs: list[e2e.Measurement], load: int,
                    overlap=server.config.overlap, load=load, tokens_per_s=r.tokens_per_s,
                    accept_length=r.accept_length, tokens_per_step=r.tokens_per_step, step_ms=r.step_ms,
                    equal_to_none=r.equal_to_none, walls=[round(x.wall, 4) for x in runs], phase=phase,
-                   cap=server.config.cap)
+                   cap=server.config.cap, first_token_ms=r.first_token_ms, decode_step_ms=r.decode_step_ms)
     return row, [a["output_ids"] for a in slow.answers]
 
 
@@ -254,7 +257,8 @@ def measure_row(server: servers.Server, prompts: list[list[int]], load: int, max
 
 def say_row(row: SpeedRow, how: str = "") -> None:
     print(f"{row.config} load {row.load}{how}: {row.tokens_per_s} tok/s, accept {row.accept_length}, "
-          f"walls {row.walls}, equal to NONE {row.equal_to_none}", flush=True)
+          f"walls {row.walls}, equal to NONE {row.equal_to_none}, first token {row.first_token_ms} ms, "
+          f"decode step {row.decode_step_ms} ms", flush=True)
 
 
 def rows_from(paths: list[Path]) -> list[SpeedRow]:
@@ -417,17 +421,30 @@ def targets(rows: list[SpeedRow], loads: tuple[int, ...], candidate: str) -> lis
 
 # --- tables -----------------------------------------------------------------------------------------------
 
-def load_table(rows: list[SpeedRow], loads: tuple[int, ...]) -> str:
-    """tokens/s (accept length) per setting by load."""
+def by_load(rows: list[SpeedRow], loads: tuple[int, ...], cell: Callable[[SpeedRow], str]) -> str:
+    """One line per setting, one column per load: cell(row), blank where no row was measured."""
     names = list(dict.fromkeys(r.config for r in rows))
     out = ["| setting | " + " | ".join(f"{n} running" for n in loads) + " |", "|---|" + "---|" * len(loads)]
     for name in names:
-        cells = []
-        for load in loads:
-            r = next((x for x in rows if x.config == name and x.load == load), None)
-            cells.append("" if r is None else f"{r.tokens_per_s}" + (f" ({r.accept_length})" if r.accept_length else ""))
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        here: dict[int, SpeedRow] = {}
+        for r in rows:
+            if r.config == name:
+                here.setdefault(r.load, r)                 # the first row of a setting at a load, as before
+        out.append(f"| {name} | " + " | ".join(cell(here[n]) if n in here else "" for n in loads) + " |")
     return "\n".join(out)
+
+
+def load_table(rows: list[SpeedRow], loads: tuple[int, ...]) -> str:
+    """tokens/s (accept length) per setting by load."""
+    return by_load(rows, loads, lambda r: f"{r.tokens_per_s}" + (f" ({r.accept_length})" if r.accept_length else ""))
+
+
+def split_table(rows: list[SpeedRow], loads: tuple[int, ...]) -> str:
+    """Per setting and load: ms before the first token / ms per decode step after it (SGLang's meta_info); empty
+    when no row has them (rows written before they were kept, or a server without --enable-metrics)."""
+    if not any(r.first_token_ms is not None for r in rows):
+        return ""
+    return by_load(rows, loads, lambda r: "" if r.first_token_ms is None else f"{r.first_token_ms} / {r.decode_step_ms}")
 
 
 def target_table(found: list[Target]) -> str:
@@ -765,9 +782,11 @@ def write_report(run: Run, rows: list[SpeedRow], schedules: dict[bool, WidthSche
     costs = "\n\n".join(f"{name} beside its twins (measured in turn):\n\n{cost_table(c)}"
                         for name, c in beside.items() if c)
     stages = f"step profile at 1 request (median ms host / total):\n\n{e2e.profile_table(profiles)}" if profiles else ""
+    split = split_table(rows, loads)
+    split = f"ms before the first token / ms per decode step after it (the same passes)\n\n{split}" if split else ""
     text = "\n\n".join(x for x in (
         f"tokens/s (accept length), temperature 0, the slower of two passes\n\n{load_table(rows, loads)}",
-        costs, stages, f"schedules: {json.dumps(report)}", target_table(found)) if x) + "\n"
+        split, costs, stages, f"schedules: {json.dumps(report)}", target_table(found)) if x) + "\n"
     (out / "table.md").write_text(text)
     try:
         load_plot(rows, loads, out / "tokens_per_s.png")

@@ -118,6 +118,16 @@ def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
     assert timed.device_tokens_per_s == 1000.0                              # 6 decoded tokens / 6 ms
     assert rows[2].device_tokens_per_s is None                              # the device timer was off
     assert e2e.summarize(servers.NONE, 1, 0.0, none, 2.0, [1.0, 1.0], None, forward_s=0.003).forward_ms == 0.5
+    assert rows[2].first_token_ms is None and rows[2].decode_step_ms is None   # no latencies in the meta_info
+    latencies = [{"first_token_latency": 0.1, "e2e_latency": 0.3}, {"first_token_latency": 0.3, "e2e_latency": 0.6},
+                 {"e2e_latency": 9.0}]                                          # one without: left out of both
+    timed_tree = [{**a, "meta_info": {**a["meta_info"], **t}} for a, t in zip(tree + tree[:1], latencies)]
+    split = e2e.summarize(servers.ddtree(32, 8), 1, 0.0, timed_tree, 0.5, [0.2, 0.3, 9.0], None)
+    assert split.first_token_ms == 200.0                                        # (100 + 300) / 2
+    assert split.decode_step_ms == round(1000 * (0.2 / 1 + 0.3 / 2) / 2, 3)    # per verify step, per request
+    timed_none = [{**a, "meta_info": t} for a, t in zip(none, latencies)]
+    assert e2e.summarize(servers.NONE, 1, 0.0, timed_none, 2.0, [1.0, 1.0], None).decode_step_ms == \
+        round(1000 * (0.2 / 3 + 0.3 / 3) / 2, 3)                               # NONE: output tokens - 1 steps
     text = e2e.table(rows)
     assert text.splitlines()[-1].startswith("| ddtree-b32-c8-graphs | 8 | 1 | 0 | 16.0 | 2.25 | 2.0 |")
     e2e.plot(rows, tmp_path / "plot.png")

@@ -377,3 +377,26 @@ def test_a_trace_that_fails_is_said_and_leaves_no_table(tmp_path, capsys, monkey
     speed.trace_config(server, [256, 1, 2], tmp_path / "traces")
     assert "dflash-overlap-bs48: no trace (URLError" in capsys.readouterr().out
     assert not (tmp_path / "traces").exists()
+
+
+def test_the_slower_pass_keeps_its_first_token_and_decode_step_split_and_the_report_prints_it(tmp_path):
+    """A row keeps the ms before the first token and per decode step of its slower pass (SGLang's meta_info), so a
+    per-request cost (the prefill) is told from the steps; the table shows them by load and is left out when no row
+    has them."""
+    from types import SimpleNamespace
+
+    def answers(first: float, e2e_s: float) -> list[dict]:
+        return [{"output_ids": [1, 2, 3, 4, 5],
+                 "meta_info": {"spec_verify_ct": 2, "spec_accept_length": 2.0, "first_token_latency": first,
+                               "e2e_latency": e2e_s}}]
+
+    server = SimpleNamespace(config=speed.servers.config("dflash-bs48"))
+    fast = speed.e2e.Measurement(answers(0.010, 0.030), 1.0, [0.03], None)
+    slow = speed.e2e.Measurement(answers(0.100, 0.140), 2.0, [0.14], None)
+    got, _ = speed.slower_row(server, [fast, slow], 1, None)
+    assert (got.first_token_ms, got.decode_step_ms) == (100.0, 20.0)          # the slower pass: (140 - 100) / 2
+    older = row("none-bs48", "NONE", 1, 300)                                   # a row from before: no split
+    text = speed.split_table([older, got], (1, 8))
+    assert "| dflash-bs48 | 100.0 / 20.0 |  |" in text and "| none-bs48 |  |  |" in text
+    assert speed.split_table([older], (1, 8)) == ""
+    assert speed.SpeedRow(**json.loads(json.dumps(speed.asdict(got)))) == got  # results.json reads back
