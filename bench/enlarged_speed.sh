@@ -11,7 +11,7 @@
 #    driven at LOADS with MAX_NEW tokens an answer, the slower of two passes, stopped before the next; each of TRACE
 #    (names as CONFIGS) also traced at one request (bench/trace_steps.py's table in traces/NAME.md).
 # Results: $OUT/results.json after every row (a machine taken back keeps what came before), table.md, logs.tgz (the
-# server logs, and metrics/CONFIG-LOAD.prom: its sglang:ddtree_* lines after each row).
+# server logs, and metrics/CONFIG-LOAD.prom: its sglang:ddtree_* lines and forward device seconds after each row).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"

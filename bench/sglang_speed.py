@@ -218,6 +218,8 @@ class SpeedRow:
     cap: int | str | None = None    # DDTREE's top-k cap (a schedule's text); None in rows written before it was kept
     first_token_ms: float | None = None    # e2e.RequestSplit of the slower pass: queue + prefill before the 1st token
     decode_step_ms: float | None = None    # and each decode step after it (stalls by others' prefills included)
+    forward_ms: float | None = None        # SGLang's decode-side forward device ms per request step (e2e.Row's)
+    device_tokens_per_s: float | None = None   # decoded tokens / that device time: the speed if the host took none
 
 
 def tree_of(row: SpeedRow) -> tuple[int, int]:
@@ -245,7 +247,8 @@ def slower_row(server: servers.Server, runs: list[e2e.Measurement], load: int,
                    overlap=server.config.overlap, load=load, tokens_per_s=r.tokens_per_s,
                    accept_length=r.accept_length, tokens_per_step=r.tokens_per_step, step_ms=r.step_ms,
                    equal_to_none=r.equal_to_none, walls=[round(x.wall, 4) for x in runs], phase=phase,
-                   cap=server.config.cap, first_token_ms=r.first_token_ms, decode_step_ms=r.decode_step_ms)
+                   cap=server.config.cap, first_token_ms=r.first_token_ms, decode_step_ms=r.decode_step_ms,
+                   forward_ms=r.forward_ms, device_tokens_per_s=r.device_tokens_per_s)
     return row, [a["output_ids"] for a in slow.answers]
 
 
@@ -562,12 +565,16 @@ def trace_config(server: servers.Server, prompt: list[int], outdir: Path) -> Non
     print(f"{name}, one request decoding:\n{text}", flush=True)
 
 
-def save_ddtree_metrics(scrape: Callable[[], str], path: Path) -> None:
-    """A server's sglang:ddtree_* lines (`scrape`: its /metrics text) after a row - cumulative: the width policy's
-    steps per option, its cost corrections, the draft's calibration - so a row's choices can be read beside its
-    speed; a scrape that fails is said and skipped."""
+KEPT_METRICS = ("sglang:ddtree", "sglang:forward_execution_seconds_total")
+
+
+def save_row_metrics(scrape: Callable[[], str], path: Path) -> None:
+    """A server's sglang:ddtree_* lines and SGLang's forward device seconds by category (extend = prefill; decode,
+    target verify, the draft's) after a row (`scrape`: its /metrics text) - cumulative: the width policy's steps per
+    option, its cost corrections, the draft's calibration, where the device time went - so a row's choices and its
+    prefill's share can be read beside its speed; a scrape that fails is said and skipped."""
     try:
-        lines = [line for line in scrape().splitlines() if line.startswith("sglang:ddtree")]
+        lines = [line for line in scrape().splitlines() if line.startswith(KEPT_METRICS)]
     except OSError as err:
         print(f"metrics of {path.stem} not read: {err}", flush=True)
         return
@@ -594,7 +601,7 @@ def measure_config(server: servers.Server, cfg: servers.ServerConfig, prompts: d
         rows.append(row)
         say_row(row)
         save_rows(rows, out)
-        save_ddtree_metrics(server.metrics, out / "metrics" / f"{cfg.name}-{load}.prom")
+        save_row_metrics(server.metrics, out / "metrics" / f"{cfg.name}-{load}.prom")
 
 
 def measure_schedule(fleet: servers.Fleet, schedule: WidthSchedule, overlap: bool, prompts: dict[int, list[list[int]]],

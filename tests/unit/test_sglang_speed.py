@@ -336,8 +336,9 @@ def test_the_width_policy_is_held_to_the_best_of_every_fixed_setting_within_the_
 
 
 def test_a_rows_ddtree_metrics_are_kept_from_real_http_and_a_failed_scrape_is_skipped(tmp_path, capsys):
-    """After each row the bench keeps the server's sglang:ddtree_* lines (which widths the policy ran); here from a
-    /metrics file served over loopback HTTP, then from the same server stopped."""
+    """After each row the bench keeps the server's sglang:ddtree_* lines (which widths the policy ran) and SGLang's
+    forward device seconds by category (the prefill's among them); here from a /metrics file served over loopback
+    HTTP, then from the same server stopped."""
     import urllib.request
 
     from tests.file_source import Source
@@ -347,6 +348,7 @@ def test_a_rows_ddtree_metrics_are_kept_from_real_http_and_a_failed_scrape_is_sk
         "# HELP sglang:ddtree_policy_steps_total steps\n"
         'sglang:ddtree_policy_steps_total{option="none"} 12.0\n'
         "sglang:num_running_reqs 3.0\n"
+        'sglang:forward_execution_seconds_total{category="extend",model_name="m"} 1.5\n'
         'sglang:ddtree_cost_correction{option="b32",band="1"} 3.1\n')
     source = Source(tmp_path / "site").start()
 
@@ -355,12 +357,13 @@ def test_a_rows_ddtree_metrics_are_kept_from_real_http_and_a_failed_scrape_is_sk
             return r.read().decode()
 
     kept = tmp_path / "out" / "metrics" / "auto-8.prom"
-    speed.save_ddtree_metrics(scrape, kept)
+    speed.save_row_metrics(scrape, kept)
     assert kept.read_text().splitlines() == ['sglang:ddtree_policy_steps_total{option="none"} 12.0',
+                                             'sglang:forward_execution_seconds_total{category="extend",model_name="m"} 1.5',
                                              'sglang:ddtree_cost_correction{option="b32",band="1"} 3.1']
     source.stop()
     gone = tmp_path / "out" / "metrics" / "auto-16.prom"
-    speed.save_ddtree_metrics(scrape, gone)
+    speed.save_row_metrics(scrape, gone)
     assert not gone.exists() and "metrics of auto-16 not read" in capsys.readouterr().out
 
 
@@ -392,9 +395,10 @@ def test_the_slower_pass_keeps_its_first_token_and_decode_step_split_and_the_rep
 
     server = SimpleNamespace(config=speed.servers.config("dflash-bs48"))
     fast = speed.e2e.Measurement(answers(0.010, 0.030), 1.0, [0.03], None)
-    slow = speed.e2e.Measurement(answers(0.100, 0.140), 2.0, [0.14], None)
+    slow = speed.e2e.Measurement(answers(0.100, 0.140), 2.0, [0.14], 0.004)
     got, _ = speed.slower_row(server, [fast, slow], 1, None)
     assert (got.first_token_ms, got.decode_step_ms) == (100.0, 20.0)          # the slower pass: (140 - 100) / 2
+    assert (got.forward_ms, got.device_tokens_per_s) == (2.0, 1000.0)         # 4 ms of forwards / 2 steps; 4 / 4 ms
     older = row("none-bs48", "NONE", 1, 300)                                   # a row from before: no split
     text = speed.split_table([older, got], (1, 8))
     assert "| dflash-bs48 | 100.0 / 20.0 |  |" in text and "| none-bs48 |  |  |" in text
