@@ -47,3 +47,27 @@ def test_a_trace_without_kernels_is_refused_and_the_cli_says_which(tmp_path, cap
         trace_steps.summarize(trace_steps.read_events(path))
     assert trace_steps.main([str(path)]) == 1
     assert "cpu-only.json: the trace holds no GPU kernel events" in capsys.readouterr().err
+
+
+def call(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+
+
+def test_the_hosts_self_time_is_laid_to_packages_on_the_busiest_python_thread():
+    """A caller's own time excludes its callees'; sglang groups by its first two folders, ddtree by its package,
+    built-in calls together; a quieter thread (a watchdog) is left out; no Python calls, no host table."""
+    python = [
+        call("sglang/srt/managers/scheduler.py(2078): event_loop_overlap", 0, 1000),
+        call("ddtree/sglang/step/decode_step.py(155): draft_candidates", 100, 300),
+        call("<built-in method replay of pybind11 object at 0x7f>", 150, 200),     # inside ddtree's call
+        call("sglang/srt/model_executor/model_runner.py(1813): forward", 500, 400),
+        call("contextlib.py(132): __enter__", 950, 10),
+        call("threading.py(359): wait", 0, 5000, tid=2),                           # one call: not the busiest
+    ]
+    s = trace_steps.summarize(EVENTS + python)
+    assert [(g.name, g.self_us) for g in s.host] == [
+        ("sglang/srt/model_executor", 400.0), ("sglang/srt/managers", 290.0),  # 1000 - 300 - 400 - 10
+        ("built-in calls", 200.0), ("ddtree/sglang", 100.0), ("contextlib.py", 10.0)]
+    text = trace_steps.table(s, steps=2)
+    assert "Python self time, 0.500 ms per step" in text and "| built-in calls | 0.100 |" in text
+    assert trace_steps.summarize(EVENTS).host == () and "host:" not in trace_steps.table(trace_steps.summarize(EVENTS), 2)
