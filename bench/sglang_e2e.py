@@ -17,8 +17,9 @@ spec_verify_ct), client step time (batch 1: request latency / (verify steps + 1)
 device time of a step's forward passes (sglang:forward_execution_seconds_total over the measured
 span / request steps; target verify + draft for DFLASH/DDTREE, the decode pass for NONE), tokens
 per device second (decoded tokens / that device time: what the GPU sustains if the host took no
-time - the step here is host-bound, the production host's is not), and at temperature 0 how many
-outputs equal NONE's. Writes OUT/results.json, OUT/table.md and
+time - the step here is host-bound, the production host's is not), at temperature 0 how many
+outputs equal NONE's, and SGLang's own split of a request (meta_info): ms before the first token, ms per decode step
+after it. Writes OUT/results.json, OUT/table.md and
 OUT/tokens_per_s.png; prints the table.
 
 Where the time goes: `--profile NAME,...` adds, for each DDTREE configuration named, a second
@@ -217,14 +218,16 @@ def profile_table(rows: list[ProfileRow]) -> str:
 
 def table(rows: list[Row]) -> str:
     out = ["| configuration | block | batch | T | tokens/s | accept length | tokens / verify step | step ms (batch 1) | "
-           "SGLang forward ms / request step | tokens / device s | T=0 equal to NONE |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "SGLang forward ms / request step | tokens / device s | T=0 equal to NONE | first token ms | "
+           "decode step ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def f(v):
             return "" if v is None else v
         out.append(f"| {r.config} | {r.block} | {r.batch} | {r.temperature:g} | {r.tokens_per_s} | "
                    f"{f(r.accept_length)} | {f(r.tokens_per_step)} | {f(r.step_ms)} | {f(r.forward_ms)} | "
-                   f"{f(r.device_tokens_per_s)} | {f(r.equal_to_none)} |")
+                   f"{f(r.device_tokens_per_s)} | {f(r.equal_to_none)} | {f(r.first_token_ms)} | "
+                   f"{f(r.decode_step_ms)} |")
     return "\n".join(out)
 
 

@@ -130,6 +130,7 @@ def test_sglang_e2e_summarizes_tables_and_plots_without_a_server(tmp_path):
         round(1000 * (0.2 / 3 + 0.3 / 3) / 2, 3)                               # NONE: output tokens - 1 steps
     text = e2e.table(rows)
     assert text.splitlines()[-1].startswith("| ddtree-b32-c8-graphs | 8 | 1 | 0 | 16.0 | 2.25 | 2.0 |")
+    assert e2e.table([split]).splitlines()[-1].endswith("|  | 200.0 | 175.0 |")    # equal: none; the split last
     e2e.plot(rows, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
     assert [c.name for c in e2e.configurations(quick=True, k16=False)] == ["none", "dflash", "ddtree-b32-c8-graphs",
