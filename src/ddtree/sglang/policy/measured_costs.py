@@ -22,6 +22,12 @@ Without the overlap scheduler a step's period is its own (host, then device); wi
 step k's tokens are read, so the time from step k's start to step k+1's is step k-1's device time when the device is
 the bottleneck and the host's loop time when the host is: either way what an option costs at that load. The offset
 is the policy's lag - 1 (0 without the overlap scheduler, 1 with it).
+
+What it cannot see: a period that spans a prefill is no measurement (`interrupted`), so a cost paid per request (the
+prefill, the draft's first pass) is in no option's price. On the enlarged pair with 48-token answers (H100, 2026-12-07
+23:13) the periods priced trees below no speculation at every load while NONE's server was 1.8-2.6x faster from 8
+running requests up: about 100 ms of each DFlash-family request lay outside its decode steps. A choice per step cannot
+take that back; the sweep's choice of algorithm can.
 """
 
 from __future__ import annotations
