@@ -35,8 +35,8 @@ a given schedule instead of the one found (BUDGET or BUDGET/CAP, each a schedule
 Writes OUT/results.json (every row), OUT/schedule.json (the schedule per overlap mode, whether it won at every load,
 its cost beside its twins), OUT/table.md (tokens/s by load; ms before the first token / ms per decode step after it,
 from SGLang's meta_info, so a per-request cost such as the prefill is told from the steps; the schedule beside its
-twins, the stage profile, the issue's targets), OUT/tokens_per_s.png (tokens/s by load, per overlap mode), OUT/none_outputs.json (NONE's answers
-by overlap mode and load), OUT/answers.json (every speculative row's answers, for testbed/speed_partings.py
+twins, the stage profile, the issue's targets), OUT/tokens_per_s.png (tokens/s by load, per overlap mode),
+OUT/none_outputs.json (NONE's answers by overlap mode and load), OUT/answers.json (every speculative row's answers, for testbed/speed_partings.py
 to judge their partings from NONE's); prints the tables. The targets (targets()): the best DDTREE with the overlap scheduler
 >= 1.5 x DFLASH with it at 1 request; DDTREE (the schedule with the overlap scheduler, the production candidate)
 never below max(NONE, DFLASH) (each its faster overlap mode) at any load; step efficiency
