@@ -324,6 +324,32 @@ def test_the_stages_read_the_step_view_not_the_worker():
     assert {k.arg for k in call.keywords} == {f.name for f in dataclasses.fields(StepView)}
 
 
+def test_no_decode_step_reads_the_kernel_backend_from_the_environment():
+    """The worker resolves DDTREE_BACKEND once (switches.read in __init__) and hands it on: every per-step call of a
+    function that would otherwise read the environment (the tree build, the walk, the verify mask, the commit) passes
+    its backend - the view's, the verdict setup's or the policy's - so no step reads os.environ."""
+    import ast
+
+    from ddtree import tree as tree_module, verify
+    from ddtree.sglang import tree_worker
+    from ddtree.sglang.policy import step_policy
+    from ddtree.sglang.step import decode_step, glue, verdict
+
+    functions = {"build_tree_from_candidates": tree_module.build_tree_from_candidates,
+                 "accept_path": verify.accept_path, "verify_mask": glue.verify_mask, "commit_step": glue.commit_step}
+    seen = 0
+    for module in (decode_step, verdict, tree_worker, step_policy):
+        for call in ast.walk(ast.parse(inspect.getsource(module))):
+            name = getattr(getattr(call, "func", None), "id", None)
+            if not isinstance(call, ast.Call) or name not in functions:
+                continue
+            seen += 1
+            positional = list(inspect.signature(functions[name]).parameters).index("backend")
+            assert len(call.args) > positional or "backend" in {k.arg for k in call.keywords}, \
+                f"{module.__name__}: {name}(...) at line {call.lineno} leaves its backend to the environment"
+    assert seen == 5                    # the tree (worker, policy), the walk, the mask, the commit
+
+
 def test_a_fault_is_a_worker_class_chosen_at_start_up():
     """SGLANG_DDTREE_FAULT picks a subclass that overrides one hook; the served class has none of the faults'
     behaviour (its hooks hand back the step's own tree), and every fault the switch registry allows has a class."""

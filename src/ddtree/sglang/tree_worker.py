@@ -37,6 +37,7 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ddtree.settings import DDTreeConfigError, DDTreeSettings, WidthSchedule
 from ddtree import switches
+from ddtree.backend import resolve_backend
 from ddtree.sglang.step.decode_step import (EagerPasses, commit, constrain_to_grammars, draft_candidates,
                                             hand_to_scheduler, narrow_candidates, plan_step, reserve_window,
                                             run_verify, verify_forward_batch)
@@ -76,6 +77,7 @@ class DDTreeParts:
     policy: StepPolicy | None = None    # `auto`: the width of each step (step_policy.py), built in init_cuda_graphs
     metrics: PolicyMetrics | None = None  # its numbers on /metrics (rank 0, --enable-metrics)
     eager: EagerPasses = field(default_factory=EagerPasses)
+    kernels: str = "torch"              # DDTREE_BACKEND resolved once: every stage's kernel backend
 
 
 class DDTreeWorker(DFlashWorkerV2):
@@ -93,17 +95,18 @@ class DDTreeWorker(DFlashWorkerV2):
             raise DDTreeConfigError(problem)
         vocab = int(self.model_runner.model_config.vocab_size)
         diagnostics = Diagnostics.from_switches(read)
+        kernels = resolve_backend(read.backend, torch.device(self.device))    # once: no step reads the environment
         self.ddtree = DDTreeParts(
             settings=settings, schedule=schedule_of(read), vocab=vocab,
             head=DraftCandidateHead(head_shard(self), candidate_count(settings.topk_cap, settings.budget, vocab),
                                     block, max_bs=0),
             verdict_setup=VerdictSetup(                                           # the parent set these up
                 logits_processor=self._target_logits_processor, can_skip_logits=self._can_skip_verify_logits,
-                tp_sync=self._tp_sync, penalty_paths=self.penalty_paths),
+                tp_sync=self._tp_sync, penalty_paths=self.penalty_paths, kernels=kernels),
             profiler=StepProfiler.from_switches(read, torch.cuda.synchronize) or OFF,
             sync_check=SyncCheck.from_switches(read), diagnostics=diagnostics,
             dump=StepDump(diagnostics.dump_dir, diagnostics.dump_steps) if diagnostics.dump_dir is not None else None,
-            cost_table=read.cost_table, cost_learn=read.cost_learn)
+            cost_table=read.cost_table, cost_learn=read.cost_learn, kernels=kernels)
         prewarm_trees(self.ddtree.schedule, vocab, block - 1, self.device)
         announce(diagnostics)
 
@@ -114,11 +117,11 @@ class DDTreeWorker(DFlashWorkerV2):
         costs and the width policy, and last the stages' view (worker_setup)."""
         super().init_cuda_graphs()
         parts = self.ddtree
-        parts.view = step_view(self)
+        parts.view = step_view(self, parts.kernels)
         parts.widths = target_widths(self, parts.schedule, parts.settings.verify_tokens)
         if parts.schedule.auto:
             table = step_costs(self, parts.widths, parts.cost_table)
-            parts.policy = step_policy(self, parts.schedule, table, parts.cost_learn)
+            parts.policy = step_policy(self, parts.schedule, table, parts.cost_learn, parts.kernels)
             parts.metrics = PolicyMetrics.create(table, get_parallel().tp_group.rank_in_group,
                                                  bool(get_observability().enable_metrics))
 
@@ -181,7 +184,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 widest = draft_candidates(view, batch, draft_input, plan, window, parts.head, parts.eager)
             with prof.stage("tree"):
                 candidates = narrow_candidates(widest, plan, parts.vocab)          # [bs, L, K(cap)]
-                tree = self.step_tree(build_tree_from_candidates(candidates, roots, plan.budget))
+                tree = self.step_tree(build_tree_from_candidates(candidates, roots, plan.budget, view.kernels))
             if parts.policy is not None:
                 with prof.stage("policy"):
                     parts.policy.observe(tree, widest, roots, plan.budget, plan.cap)

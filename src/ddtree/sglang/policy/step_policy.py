@@ -213,12 +213,13 @@ class StepPolicy:
     def __init__(self, policy: WidthPolicy, lag: int, device, *,
                  clock: Callable[[], float] = time.perf_counter,
                  share: Callable[[list[float]], list[float]] | None = None, share_every: int = 16,
-                 refresh_every: int = 16, learn_costs: bool = True):
+                 refresh_every: int = 16, learn_costs: bool = True, kernels: str | None = None):
         if lag < 1:
             raise ValueError(f"lag={lag}: the host reads a step's expectations at the earliest one step later")
         if refresh_every < 1:
             raise ValueError(f"refresh_every={refresh_every}: at least one step without speculation before a refresh")
         self.refresh_every = refresh_every
+        self.kernels = kernels                                 # the tree build's backend (None: DDTREE_BACKEND now)
         self.unspeculated = 0                                  # steps without speculation in a row
         self.policy = policy
         self.lag = lag
@@ -315,7 +316,7 @@ class StepPolicy:
             return step_tree
         k = min(widest.logp.shape[-1], self.tree_cap)
         cand = Candidates(logp=widest.logp[..., :k].contiguous(), tokens=widest.tokens[..., :k].contiguous())
-        return build_tree_from_candidates(cand, roots, self.tree_budget)
+        return build_tree_from_candidates(cand, roots, self.tree_budget, self.kernels)
 
     def learn(self, tree: DraftTree, accept_len: torch.Tensor) -> None:
         """The calibration's sums from the verified tree [bs, N] and the draft tokens each request accepted [bs] (a
@@ -341,7 +342,8 @@ def option_of(budget: int, cap: int, chain_budget: int | None) -> Option:
 
 
 def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | None, curve: CostCurve, depth: int,
-                    lag: int, device, *, share=None, learn_costs: bool = True) -> StepPolicy:
+                    lag: int, device, *, share=None, learn_costs: bool = True,
+                    kernels: str | None = None) -> StepPolicy:
     """The StepPolicy of a width schedule's choices ((budget, cap) pairs; the chain's is (chain_budget, 1), no
     speculation's (0, 1)). A measured table without width 1 (a sweep's from before no speculation was an option)
     leaves no speculation out, and says so."""
@@ -357,4 +359,4 @@ def step_policy_for(choices: tuple[tuple[int, int], ...], chain_budget: int | No
         raise DDTreeConfigError(f"the step costs cannot price every width of the width policy: {e}; a table in "
                                 "SGLANG_DDTREE_COST_TABLE must hold each width (budget + 1 for each tree, the draft's "
                                 "block for the chain, 1 for no speculation) at one batch size at least") from None
-    return StepPolicy(policy, lag, device, share=share, learn_costs=learn_costs)
+    return StepPolicy(policy, lag, device, share=share, learn_costs=learn_costs, kernels=kernels)

@@ -168,14 +168,15 @@ def ratios_across_ranks():
     return share
 
 
-def step_policy(worker, schedule: WidthSchedule, table: CostTable, learn_costs: bool = True) -> StepPolicy:
+def step_policy(worker, schedule: WidthSchedule, table: CostTable, learn_costs: bool = True,
+                kernels: str | None = None) -> StepPolicy:
     """The width policy over the schedule's choices, priced by `table` corrected by the steps it measures unless
     learn_costs is off (SGLANG_DDTREE_COST_LEARN); lag 2 under the overlap scheduler, 1 without: step_policy.py says
     why."""
     overlapped = not get_schedule().disable_overlap_schedule
     policy = step_policy_for(schedule.choices(), schedule.chain, table.curve(), depth=worker.block_size - 1,
                              lag=2 if overlapped else 1, device=worker.device,
-                             share=ratios_across_ranks(), learn_costs=learn_costs)
+                             share=ratios_across_ranks(), learn_costs=learn_costs, kernels=kernels)
     logger.info("DDTREE width policy: %s, lag %d step(s)%s, priced by %s", ", ".join(o.name for o in policy.options),
                 policy.lag, " (overlap scheduler)" if overlapped else "",
                 "the table x the measured steps" if learn_costs else "the table alone (SGLANG_DDTREE_COST_LEARN=0)")
@@ -214,10 +215,12 @@ def rehearse_sampling(model_runner, verify_tokens: int, device) -> SamplingPrewa
     return result
 
 
-def step_view(worker) -> StepView:
+def step_view(worker, kernels: str) -> StepView:
     """What the decode stages read, taken once from DFlashWorkerV2's own fields after its init_cuda_graphs (the
     draft's graphs, and whether the candidate head was folded into them, are decided there). The embedding module
-    is resolved here once (DFlashWorkerV2 resolves it every step: the same module of the same loaded models)."""
+    is resolved here once (DFlashWorkerV2 resolves it every step: the same module of the same loaded models).
+    kernels: the stages' kernel backend, resolved once from the switches the worker read (no step reads the
+    environment)."""
     target_runner = worker.target_worker.model_runner
     return StepView(
         device=torch.device(worker.device), block=int(worker.block_size), mask_token_id=int(worker._mask_token_id),
@@ -231,4 +234,4 @@ def step_view(worker) -> StepView:
         draft_spec_info=worker._draft_block_spec_info, draft_layout=worker.draft_parallel_layout,
         head_in_graph=worker._draft_sampler is not None,
         append_draft_context=worker._append_target_hidden_to_draft_kv_by_loc,
-        next_draft_input=worker._make_next_draft_input_decode)
+        next_draft_input=worker._make_next_draft_input_decode, kernels=kernels)

@@ -217,7 +217,7 @@ def verify_forward_batch(view: StepView, batch, draft_input, tree: DraftTree, pl
     bs, n = tree.tokens.shape
     committed = host_lens(batch, draft_input, 0)                                    # host upper bounds
     mask = verify_mask(tree, plan.prefix_lens, total=n * (committed.total + bs * n),  # sum_b N * (prefix_b + N)
-                       max_prefix=int(committed.lens.max()))
+                       max_prefix=int(committed.lens.max()), backend=view.kernels)
     verify_input = DFlashVerifyInput(
         draft_token=tree.tokens.reshape(-1), positions=mask.positions.reshape(-1),
         draft_token_num=n, custom_mask=mask.custom_mask,
@@ -248,7 +248,7 @@ def commit(view: StepView, batch, decided: Decided, plan: StepPlan, window: Step
     verdict = decided.verdict
     draft_ids = window.plan.write_ids(view.draft_kv).view(bs, n)                # the draft's slots of the window
     committed = commit_step(verdict, window.slots, draft_ids, plan.prefix_lens, view.req_to_token,
-                            batch.req_pool_indices)
+                            batch.req_pool_indices, backend=view.kernels)
     if on_publish is not None:
         on_publish(committed.new_seq_lens)
     hidden = target_out.logits_output.hidden_states

@@ -53,6 +53,7 @@ class VerdictSetup:
     can_skip_logits: Callable[[object, object], bool]   # DFlashWorkerV2._can_skip_verify_logits(batch, info)
     tp_sync: object                                 # SGLang's SpecTpSync: rank 0's tokens on every rank
     penalty_paths: Callable[[DraftTree], DraftTree] = step_paths    # the tree as the penalties count it
+    kernels: str | None = None                      # the walk's backend, resolved once (None: DDTREE_BACKEND now)
 
 
 @dataclass
@@ -152,7 +153,7 @@ def decide(setup: VerdictSetup, batch, tree: DraftTree, logits_output, prefix_le
     targets = targets.view(bs, n).to(torch.int64).contiguous()
     site = SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if is_greedy(info) else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
     setup.tp_sync.sync(site, targets)
-    verdict = accept_path(tree, targets)
+    verdict = accept_path(tree, targets, setup.kernels)
     if penalties is not None:                    # the accepted draft tokens; the bonus is the next root
         feed_committed(orchestrator_of(info), verdict.tokens, verdict.accept_len)
     return Decided(verdict=verdict, logits=out.full)

@@ -37,3 +37,4 @@ class StepView:
     head_in_graph: bool                       # the candidate head is folded into the draft's CUDA graphs
     append_draft_context: Callable[..., None]  # DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc
     next_draft_input: Callable[..., object]   # DFlashWorkerV2._make_next_draft_input_decode -> DFlashDraftInputV2
+    kernels: str                              # 'triton' or 'torch': DDTREE_BACKEND resolved once, at start-up
