@@ -4,7 +4,8 @@ The DDTreeWorker builds it once (worker_setup.step_view) at the end of its init_
 names exists: the target's and the draft's graphs, the candidate head folded into the draft's graphs or not. The
 stages (decode_step.py) take the view instead of the worker, so no stage reaches a private field of SGLang's
 DFlashWorkerV2; the fields below are the whole contract, and tests/sglang/test_contract.py holds that each one is
-read from a field DFlashWorkerV2 0.5.23 owns - all but `kernels`, the worker's own DDTREE_BACKEND resolved once. No SGLang import here: the types are named in comments.
+read from a field DFlashWorkerV2 0.5.23 owns - all but `kernels`, the worker's own DDTREE_BACKEND resolved once.
+No SGLang import here: the types are named in comments.
 """
 
 from __future__ import annotations
