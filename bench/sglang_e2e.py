@@ -137,17 +137,23 @@ class RequestSplit:
     decode_step_ms: float | None
 
 
+def request_steps(answer: dict, spec: bool) -> int:
+    """A request's decode steps: its verify steps (spec_verify_ct) when speculative, else its output tokens - 1 (the
+    first token comes from the prefill)."""
+    return answer["meta_info"].get("spec_verify_ct", 0) if spec else len(answer["output_ids"]) - 1
+
+
 def request_split(answers: list[dict], spec: bool) -> RequestSplit:
     """Mean first-token latency (ms) and mean decode ms per step over the answers that carry both latencies; a
     request's decode steps are its spec_verify_ct (speculative) or its output tokens - 1 (NONE)."""
     firsts, steps = [], []
     for a in answers:
-        m = a.get("meta_info", {})
+        m = a["meta_info"]
         first, e2e_s = m.get("first_token_latency"), m.get("e2e_latency")
         if first is None or e2e_s is None:
             continue
         firsts.append(first)
-        n = m.get("spec_verify_ct", 0) if spec else len(a["output_ids"]) - 1
+        n = request_steps(a, spec)
         if n > 0:
             steps.append((e2e_s - first) / n)
     return RequestSplit(round(1000 * statistics.fmean(firsts), 3) if firsts else None,
@@ -165,10 +171,9 @@ def summarize(cfg: servers.ServerConfig, batch: int, temperature: float, answers
     steps = sum(m.get("spec_verify_ct", 0) for m in metas) if spec else 0
     step_ms = None
     if batch == 1:
-        per_step = [lat / ((m.get("spec_verify_ct", 0) if spec else len(a["output_ids"]) - 1) + 1)
-                    for lat, m, a in zip(latencies, metas, answers)]
+        per_step = [lat / (request_steps(a, spec) + 1) for lat, a in zip(latencies, answers)]
         step_ms = round(1000 * statistics.fmean(per_step), 3)
-    decode_steps = steps if spec else sum(len(a["output_ids"]) - 1 for a in answers)
+    decode_steps = sum(request_steps(a, spec) for a in answers)
     forward_ms = round(1000 * forward_s / decode_steps, 3) if forward_s and decode_steps else None
     decoded = tokens - len(answers)                      # the first token of each request comes from the prefill
     device_tps = round(decoded / forward_s, 1) if forward_s else None

@@ -18,6 +18,7 @@ import gzip
 import json
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,9 @@ def module_of(function: str) -> str:
     parts = function.split("(", 1)[0].split("/")
     if parts[0] == "sglang":
         return "/".join(parts[:3])
-    return parts[0] if len(parts) == 1 else "/".join(parts[:2]) if parts[0] == "ddtree" else parts[0]
+    if parts[0] == "ddtree":
+        return "/".join(parts[:2])
+    return parts[0]
 
 
 def python_calls(events: list[dict]) -> list[dict]:
@@ -121,10 +124,7 @@ def python_calls(events: list[dict]) -> list[dict]:
     calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
     if not calls:
         return []
-    counts: dict = {}
-    for e in calls:
-        counts[e.get("tid")] = counts.get(e.get("tid"), 0) + 1
-    busiest = max(counts, key=counts.get)
+    busiest = Counter(e.get("tid") for e in calls).most_common(1)[0][0]
     return sorted((e for e in calls if e.get("tid") == busiest), key=lambda e: (float(e["ts"]), -float(e["dur"])))
 
 
